@@ -1,0 +1,40 @@
+# shift: the two commands a user needs are `make demo` and `make test`; both do their own set-up.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup system-deps test test-unit demo lint proto bench clean
+
+setup: $(STAMP) system-deps
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+system-deps:
+	@bash scripts/ensure-system-deps.sh
+
+test: setup
+	$(PY) -m pytest -q
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q -m "not lab"
+
+demo: setup
+	bash scripts/demo.sh
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+proto: $(STAMP)
+	$(PY) scripts/genproto.py
+
+bench: setup
+	$(PY) bench/nic_event_latency.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

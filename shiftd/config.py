@@ -1,0 +1,248 @@
+"""shiftd's configuration: one TOML file, every key defaulted, validated at start.
+
+A bad file must stop the daemon with one line that names the key and the problem, so
+every check raises ConfigError with the dotted key path.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PATH = Path("/etc/shift/shiftd.toml")
+NETDEV_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
+DEVICE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A problem in the configuration file; str() is the one line shown to the operator."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    socket: str = "/run/shift/shiftd.sock"
+    socket_mode: int = 0o660
+    socket_group: str = "shift"
+    admin_group: str = "shift-admin"
+    max_message_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class EtcdConfig:
+    endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
+    prefix: str = "/shift/v1"
+    lease_ttl_seconds: int = 10
+    timeout_seconds: float = 2.0
+    retry_initial_seconds: float = 0.2
+    retry_max_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    listen: str = "127.0.0.1:9477"  # "" disables the metrics endpoint
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    hold_down_seconds: float = 2.0  # a link must stay up this long before it counts as UP again
+
+
+@dataclass(frozen=True)
+class MonitorsConfig:
+    netlink: bool = True
+    udev: bool = True
+    rdma_sysfs: bool = True
+    sysfs_root: str = "/sys"
+    rdma_poll_seconds: float = 0.5
+
+
+@dataclass(frozen=True)
+class FaultsConfig:
+    flap_period_seconds: float = 1.0
+
+
+@dataclass(frozen=True)
+class Config:
+    host: str = field(default_factory=socket.gethostname)
+    log_level: str = "info"
+    server: ServerConfig = field(default_factory=ServerConfig)
+    etcd: EtcdConfig = field(default_factory=EtcdConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    # tcp-provider devices: RDMA device name -> netdev
+    devices: dict[str, str] = field(default_factory=dict)
+
+
+SECTIONS: dict[str, type] = {
+    "server": ServerConfig,
+    "etcd": EtcdConfig,
+    "metrics": MetricsConfig,
+    "health": HealthConfig,
+    "monitors": MonitorsConfig,
+    "faults": FaultsConfig,
+}
+
+
+def load(path: str | Path | None = None) -> Config:
+    """Read and validate a config file; a missing default file means all defaults."""
+    if path is None:
+        if not DEFAULT_PATH.exists():
+            return Config()
+        path = DEFAULT_PATH
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: permission denied") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return parse(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def parse(data: dict[str, Any]) -> Config:
+    """Build a Config from parsed TOML, rejecting unknown keys and wrong types or ranges."""
+    top: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in SECTIONS:
+            top[key] = _section(key, SECTIONS[key], value)
+        elif key == "host":
+            top["host"] = _host(value)
+        elif key == "log_level":
+            if value not in LOG_LEVELS:
+                raise ConfigError(f"log_level: must be one of {', '.join(LOG_LEVELS)}, not {value!r}")
+            top["log_level"] = value
+        elif key == "devices":
+            top["devices"] = _devices(value)
+        else:
+            raise ConfigError(f"{key}: unknown key")
+    return Config(**top)
+
+
+def _section(name: str, cls: type, value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name}: must be a table, like [{name}]")
+    known = {f.name: f for f in fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, item in value.items():
+        if key not in known:
+            raise ConfigError(f"{name}.{key}: unknown key (known: {', '.join(known)})")
+        default = getattr(cls(), key)
+        kwargs[key] = _coerce(f"{name}.{key}", item, default)
+    section = cls(**kwargs)
+    _check_ranges(name, section)
+    return section
+
+
+def _coerce(key: str, value: Any, default: Any) -> Any:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: must be true or false, not {value!r}")
+        return value
+    if key == "server.socket_mode":
+        return _mode(key, value)
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: must be an integer, not {value!r}")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: must be a number, not {value!r}")
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: must be a string, not {value!r}")
+        return value
+    if isinstance(default, tuple):
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"{key}: must be a non-empty list of strings")
+        return tuple(value)
+    raise AssertionError(f"no coercion for {key}")
+
+
+def _mode(key: str, value: Any) -> int:
+    if isinstance(value, str) and re.fullmatch(r"0?[0-7]{3}", value):
+        return int(value, 8)
+    raise ConfigError(f"{key}: must be an octal string such as \"0660\", not {value!r}")
+
+
+def _check_ranges(name: str, section: Any) -> None:
+    positive = {
+        "etcd": ("lease_ttl_seconds", "timeout_seconds", "retry_initial_seconds", "retry_max_seconds"),
+        "health": (),
+        "monitors": ("rdma_poll_seconds",),
+        "faults": ("flap_period_seconds",),
+        "server": ("max_message_bytes",),
+    }
+    for key in positive.get(name, ()):
+        if getattr(section, key) <= 0:
+            raise ConfigError(f"{name}.{key}: must be greater than 0")
+    if name == "health" and section.hold_down_seconds < 0:
+        raise ConfigError("health.hold_down_seconds: must not be negative")
+    if name == "etcd":
+        if section.lease_ttl_seconds < 2:
+            raise ConfigError("etcd.lease_ttl_seconds: must be at least 2")
+        if not section.prefix.startswith("/") or section.prefix.endswith("/"):
+            raise ConfigError("etcd.prefix: must start with '/' and not end with '/'")
+        for endpoint in section.endpoints:
+            _endpoint(endpoint)
+        if section.retry_max_seconds < section.retry_initial_seconds:
+            raise ConfigError("etcd.retry_max_seconds: must not be below etcd.retry_initial_seconds")
+    if name == "server":
+        if not section.socket.startswith("/"):
+            raise ConfigError("server.socket: must be an absolute path")
+        if section.max_message_bytes < 1024:
+            raise ConfigError("server.max_message_bytes: must be at least 1024")
+    if name == "metrics" and section.listen:
+        parse_host_port("metrics.listen", section.listen)
+
+
+def _endpoint(endpoint: str) -> tuple[str, int]:
+    text = endpoint.removeprefix("http://")
+    if text.startswith("https://"):
+        raise ConfigError(f"etcd.endpoints: {endpoint!r}: TLS endpoints are not supported yet")
+    return parse_host_port("etcd.endpoints", text)
+
+
+def etcd_endpoints(config: EtcdConfig) -> list[tuple[str, int]]:
+    """The etcd endpoints as (host, port) pairs."""
+    return [_endpoint(e) for e in config.endpoints]
+
+
+def parse_host_port(key: str, text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key}: {text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _host(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", value):
+        raise ConfigError(f"host: {value!r} is not a valid host name")
+    return value
+
+
+def _devices(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ConfigError("devices: must be a table of device = \"netdev\"")
+    devices: dict[str, str] = {}
+    for device, netdev in value.items():
+        if not DEVICE_RE.fullmatch(device):
+            raise ConfigError(f"devices.{device}: not a valid device name")
+        if not isinstance(netdev, str) or not NETDEV_RE.fullmatch(netdev):
+            raise ConfigError(f"devices.{device}: {netdev!r} is not a valid network interface name")
+        if netdev in devices.values():
+            raise ConfigError(f"devices.{device}: netdev {netdev!r} is already used by another device")
+        devices[device] = netdev
+    return devices

@@ -1,0 +1,70 @@
+"""The NIC model shared by the inventory, the monitors and the health tracker.
+
+Monitors turn kernel signals into these plain values; the health tracker turns them into a
+NicState. Values mirror shift.v1.NicState and shift.v1.FaultMode so conversion is int().
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class NicState(enum.IntEnum):
+    UNSPECIFIED = 0
+    UP = 1
+    DOWN = 2
+    DEGRADED = 3
+
+
+class FaultMode(enum.IntEnum):
+    NONE = 0
+    DOWN = 1
+    BLACKHOLE = 2
+    FLAP = 3
+
+
+@dataclass(frozen=True)
+class NicSpec:
+    """One NIC that shiftd watches: an RDMA device, its netdev and port, and its provider."""
+
+    device: str
+    netdev: str
+    provider: str  # "tcp" (declared in the config) or "verbs" (found in sysfs)
+    port: int = 1
+
+
+@dataclass(frozen=True)
+class LinkStatus:
+    """A netdev's link as netlink reports it (RTM_NEWLINK / RTM_DELLINK)."""
+
+    netdev: str
+    present: bool
+    admin_up: bool = False
+    operstate: str = "unknown"  # lower case, as in /sys/class/net/*/operstate
+    carrier: bool = False
+    addresses: tuple[str, ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        return self.present and self.admin_up and self.carrier and self.operstate in ("up", "unknown")
+
+
+@dataclass(frozen=True)
+class PortStatus:
+    """An RDMA port's state from /sys/class/infiniband/DEV/ports/N/{state,phys_state}."""
+
+    device: str
+    port: int
+    state: str  # DOWN, INIT, ARMED, ACTIVE, ACTIVE_DEFER
+    phys_state: str  # e.g. LinkUp, Disabled, Polling
+    link_downed: int = 0  # counters/link_downed when readable
+
+
+@dataclass(frozen=True)
+class DeviceChange:
+    """A udev add/remove of a network or infiniband device."""
+
+    action: str  # "add" or "remove"
+    subsystem: str  # "net" or "infiniband"
+    name: str  # netdev or RDMA device name
