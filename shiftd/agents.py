@@ -1,0 +1,192 @@
+"""Registered libshift agents and the backup mappings each one published.
+
+A registration lives as long as the agent's connection to shiftd: when the process dies
+or closes its channel, the relay reports the connection closed and every mapping the agent
+published is withdrawn from etcd. An agent may only publish under keys no other live agent
+owns, and may only withdraw its own.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from google.protobuf import json_format
+
+from libshift.api.shift.v1 import common_pb2
+from shiftd.gid import canonical_gid
+from shiftd.peercred import PeerCred
+
+MAX_MAPPINGS_PER_CALL = 4096
+MAX_TEXT = 256
+MAX_PROVIDER_DATA = 16
+
+
+class AgentError(Exception):
+    """A request that must be refused; `code` names the gRPC status to answer with."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Agent:
+    info: common_pb2.AgentInfo
+    connection: str
+    cred: PeerCred
+    keys: set[str] = field(default_factory=set)
+
+
+class KeyStore(Protocol):
+    """What AgentTable needs of the registry: desired-state put and delete."""
+
+    def put(self, key: str, value: str) -> None: ...
+
+    def delete(self, key: str) -> None: ...
+
+
+def qp_key(gid: str, qpn: int) -> str:
+    return f"qp/{canonical_gid(gid)}/{qpn}"
+
+
+def mr_key(gid: str, rkey: int) -> str:
+    return f"mr/{canonical_gid(gid)}/{rkey}"
+
+
+def encode(message) -> str:
+    return json_format.MessageToJson(message, indent=None, sort_keys=True)
+
+
+class AgentTable:
+    def __init__(self, store: KeyStore, on_change: Callable[[common_pb2.AgentInfo, bool], None]) -> None:
+        self._store = store
+        self._on_change = on_change
+        self.agents: dict[str, Agent] = {}
+        self._owner: dict[str, str] = {}  # etcd key -> agent id
+
+    def register(
+        self, connection: str, cred: PeerCred, pid: int, name: str, job: str
+    ) -> common_pb2.AgentInfo:
+        _check_text("name", name)
+        _check_text("job", job)
+        if pid and pid != cred.pid:
+            raise AgentError("PERMISSION_DENIED", f"pid {pid} is not the caller's pid {cred.pid}")
+        info = common_pb2.AgentInfo(
+            agent_id=f"{cred.pid}-{secrets.token_hex(4)}",
+            pid=cred.pid,
+            uid=cred.uid,
+            name=name,
+            job=job,
+            registered_unix_nanos=time.time_ns(),
+        )
+        self.agents[info.agent_id] = Agent(info, connection, cred)
+        self._on_change(info, True)
+        return info
+
+    def unregister(self, agent_id: str, cred: PeerCred) -> None:
+        agent = self._own(agent_id, cred)
+        self._drop(agent)
+
+    def connection_closed(self, connection: str) -> None:
+        for agent in [a for a in self.agents.values() if a.connection == connection]:
+            self._drop(agent)
+
+    def publish(self, agent_id: str, cred: PeerCred, qps, mrs) -> None:
+        agent = self._own(agent_id, cred)
+        if len(qps) + len(mrs) > MAX_MAPPINGS_PER_CALL:
+            raise AgentError("INVALID_ARGUMENT", f"at most {MAX_MAPPINGS_PER_CALL} mappings per call")
+        writes: list[tuple[str, str]] = []
+        for mapping in qps:
+            _check_endpoint("primary", mapping.primary)
+            _check_endpoint("backup", mapping.backup)
+            writes.append((qp_key(mapping.primary.gid, mapping.primary.qpn), encode(mapping)))
+        for mapping in mrs:
+            _check_gid("gid", mapping.gid)
+            _check_gid("backup_gid", mapping.backup_gid)
+            writes.append((mr_key(mapping.gid, mapping.rkey), encode(mapping)))
+        for key, _ in writes:
+            owner = self._owner.get(key)
+            if owner is not None and owner != agent_id:
+                raise AgentError("PERMISSION_DENIED", f"{key} is published by another agent")
+        for key, value in writes:
+            self._owner[key] = agent_id
+            agent.keys.add(key)
+            self._store.put(key, value)
+        self._count(agent)
+
+    def withdraw(self, agent_id: str, cred: PeerCred, qps, mrs) -> None:
+        agent = self._own(agent_id, cred)
+        keys = [qp_key(_gid(e.gid), e.qpn) for e in qps] + [mr_key(_gid(m.gid), m.rkey) for m in mrs]
+        for key in keys:
+            if key not in agent.keys:
+                raise AgentError("NOT_FOUND", f"{key} is not published by this agent")
+        for key in keys:
+            self._forget(agent, key)
+        self._count(agent)
+
+    def mapping_counts(self) -> tuple[int, int]:
+        qps = sum(1 for key in self._owner if key.startswith("qp/"))
+        return qps, len(self._owner) - qps
+
+    def _own(self, agent_id: str, cred: PeerCred) -> Agent:
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            raise AgentError("NOT_FOUND", f"no agent {agent_id!r} is registered (register first)")
+        if agent.cred.pid != cred.pid and cred.uid != 0:
+            raise AgentError("PERMISSION_DENIED", f"agent {agent_id!r} belongs to another process")
+        return agent
+
+    def _drop(self, agent: Agent) -> None:
+        for key in list(agent.keys):
+            self._forget(agent, key)
+        del self.agents[agent.info.agent_id]
+        self._on_change(agent.info, False)
+
+    def _forget(self, agent: Agent, key: str) -> None:
+        agent.keys.discard(key)
+        self._owner.pop(key, None)
+        self._store.delete(key)
+
+    @staticmethod
+    def _count(agent: Agent) -> None:
+        agent.info.qp_mappings = sum(1 for k in agent.keys if k.startswith("qp/"))
+        agent.info.mr_mappings = len(agent.keys) - agent.info.qp_mappings
+
+
+def _gid(text: str) -> str:
+    _check_gid("gid", text)
+    return text
+
+
+def _check_gid(field_name: str, text: str) -> None:
+    try:
+        canonical_gid(text)
+    except ValueError:
+        raise AgentError(
+            "INVALID_ARGUMENT", f"{field_name}: {text[:64]!r} is not a GID (IPv6 text)"
+        ) from None
+
+
+def _check_text(field_name: str, text: str) -> None:
+    if len(text) > MAX_TEXT:
+        raise AgentError("INVALID_ARGUMENT", f"{field_name}: longer than {MAX_TEXT} characters")
+
+
+def _check_endpoint(field_name: str, endpoint: common_pb2.Endpoint) -> None:
+    _check_gid(f"{field_name}.gid", endpoint.gid)
+    if endpoint.qpn >= 1 << 24:
+        raise AgentError("INVALID_ARGUMENT", f"{field_name}.qpn: {endpoint.qpn} is not a 24-bit QP number")
+    if endpoint.psn >= 1 << 24:
+        raise AgentError("INVALID_ARGUMENT", f"{field_name}.psn: {endpoint.psn} is not a 24-bit PSN")
+    _check_text(f"{field_name}.device", endpoint.device)
+    if len(endpoint.provider_data) > MAX_PROVIDER_DATA:
+        raise AgentError(
+            "INVALID_ARGUMENT", f"{field_name}.provider_data: more than {MAX_PROVIDER_DATA} entries"
+        )
+    for key, value in endpoint.provider_data.items():
+        _check_text(f"{field_name}.provider_data key", key)
+        _check_text(f"{field_name}.provider_data[{key[:32]}]", value)

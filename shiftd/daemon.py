@@ -1,0 +1,378 @@
+"""`shiftd`: the per-host daemon. Wires inventory, monitors, health, faults, etcd, gRPC, metrics.
+
+Everything runs on one asyncio loop. The order of start and stop matters: monitors first
+(so the first answer already knows the links), then etcd (never waited for), metrics, the
+gRPC server behind the SO_PEERCRED relay, and READY for systemd last; SIGTERM undoes it in
+reverse, revoking the etcd lease so this host's keys vanish at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from libshift.api.shift.v1 import admin_pb2, common_pb2
+from shiftd import __version__, inventory
+from shiftd import config as config_mod
+from shiftd.agents import AgentError, AgentTable, encode
+from shiftd.events import EventBus
+from shiftd.faults import FaultInjector
+from shiftd.health import Transition
+from shiftd.metrics import Metrics
+from shiftd.monitors.netlink import NetlinkMonitor
+from shiftd.monitors.rdma_sysfs import RdmaSysfsMonitor
+from shiftd.monitors.udev import UdevMonitor
+from shiftd.nic import FaultMode, NicState
+from shiftd.nics import NicRecord, NicTable
+from shiftd.peercred import PeerCred, PeerCredRelay, group_id
+from shiftd.registry import Registry
+from shiftd.sdnotify import Notifier
+from shiftd.server import start_grpc
+
+log = logging.getLogger("shiftd")
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message is the one line the operator sees."""
+
+
+class Daemon:
+    def __init__(self, config: config_mod.Config) -> None:
+        self.config = config
+        self.host = config.host
+        self.started = time.monotonic()
+        self.metrics = Metrics()
+        self.bus = EventBus(self.host)
+        self.notifier = Notifier()
+        self.failovers = 0
+        self.failbacks = 0
+        self.registry = Registry(
+            config_mod.etcd_endpoints(config.etcd),
+            self.host,
+            prefix=config.etcd.prefix,
+            lease_ttl=config.etcd.lease_ttl_seconds,
+            timeout=config.etcd.timeout_seconds,
+            retry_initial=config.etcd.retry_initial_seconds,
+            retry_max=config.etcd.retry_max_seconds,
+            on_error=lambda kind: self.metrics.etcd_errors.labels(kind).inc(),
+        )
+        try:
+            specs = inventory.discover(config)
+        except inventory.InventoryError as exc:
+            raise StartupError(str(exc)) from None
+        self.nics = NicTable(specs, config.health.hold_down_seconds, self._on_transition)
+        self.agents = AgentTable(self.registry, self._on_agent_change)
+        self.faults = FaultInjector(config.faults.flap_period_seconds)
+        self.relay = PeerCredRelay(
+            config.server.socket,
+            "",
+            config.server.socket_mode,
+            config.server.socket_group,
+            self.agents.connection_closed,
+        )
+        self._admin_gid = group_id(config.server.admin_group)
+        self._private_dir: Path | None = None
+        self._grpc = None
+        self._tasks: list[asyncio.Task] = []
+        self._wake = asyncio.Event()
+        self._udev = UdevMonitor() if config.monitors.udev else None
+
+    @property
+    def udev_description(self) -> str:
+        return self._udev.description if self._udev else "off (monitors.udev = false)"
+
+    def is_admin(self, cred: PeerCred) -> bool:
+        return cred.uid == 0 or (self._admin_gid is not None and cred.in_group(self._admin_gid))
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._check_socket_free()
+        for record in self.nics.records.values():
+            self.metrics.set_nic(record.spec.device, record.spec.netdev, record.health.state)
+        await self._start_monitors()
+        await self.registry.start()
+        self.registry.put(f"hosts/{self.host}", self._host_record())
+        for nic in self.nics.all_protos():
+            self.registry.put(f"nics/{self.host}/{nic.device}", encode(nic))
+        self._serve_metrics()
+        self._prepare_private_dir()
+        private_path = str(self._private_dir / "grpc.sock")
+        self._grpc = await start_grpc(self, private_path)
+        self.relay.private_path = private_path
+        await self.relay.start()
+        self._tasks.append(asyncio.create_task(self._health_timer(), name="health-timer"))
+        if self.notifier.watchdog_interval:
+            self._tasks.append(asyncio.create_task(self._watchdog(), name="watchdog"))
+        self.notifier.ready(f"serving {len(self.nics.records)} NICs on {self.config.server.socket}")
+        log.info(
+            "serving %s on %s (NICs: %s; metrics: %s; udev: %s)",
+            self.host,
+            self.config.server.socket,
+            ", ".join(f"{d}={self.nics.get(d).spec.netdev}" for d in self.nics.devices) or "none",
+            self.metrics.address or "off",
+            self.udev_description,
+        )
+
+    async def stop(self) -> None:
+        self.notifier.stopping()
+        await self.relay.close()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=0.5)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.faults.close()
+        await self.registry.stop(revoke=True)
+        self.metrics.close()
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+        log.info("stopped")
+
+    def _check_socket_free(self) -> None:
+        path = self.config.server.socket
+        if not os.path.exists(path):
+            return
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(path)
+            except OSError:
+                return  # a stale socket of a daemon that died; the relay replaces it
+        raise StartupError(f"another shiftd is already serving on {path}")
+
+    def _prepare_private_dir(self) -> None:
+        parent = Path(self.config.server.socket).parent
+        parent.mkdir(parents=True, exist_ok=True)
+        for stale in parent.glob(".shiftd-grpc-*"):
+            pid = stale.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                shutil.rmtree(stale, ignore_errors=True)
+        self._private_dir = parent / f".shiftd-grpc-{os.getpid()}"
+        shutil.rmtree(self._private_dir, ignore_errors=True)
+        self._private_dir.mkdir(mode=0o700)
+
+    def _serve_metrics(self) -> None:
+        listen = self.config.metrics.listen
+        self.metrics.etcd_up.set_function(lambda: 1 if self.registry.connected else 0)
+        self.metrics.etcd_pending.set_function(lambda: self.registry.pending)
+        self.metrics.agents.set_function(lambda: len(self.agents.agents))
+        if not listen:
+            return
+        host, port = config_mod.parse_host_port("metrics.listen", listen)
+        try:
+            self.metrics.serve(host, port)
+        except OSError as exc:
+            raise StartupError(f"metrics.listen: cannot listen on {listen}: {exc.strerror}") from None
+
+    async def _start_monitors(self) -> None:
+        cfg = self.config.monitors
+        if cfg.netlink:
+            netlink = NetlinkMonitor(self.nics.netdevs())
+            await netlink.start(self.nics.link_changed)
+            self._tasks.append(asyncio.create_task(netlink.run(), name="netlink"))
+        if self._udev is not None:
+            self._tasks.append(asyncio.create_task(self._udev.run(self.nics.device_changed), name="udev"))
+        ports = [
+            (r.spec.device, r.spec.port) for r in self.nics.records.values() if r.spec.provider == "verbs"
+        ]
+        if cfg.rdma_sysfs and ports:
+            sysfs = RdmaSysfsMonitor(cfg.sysfs_root, ports, cfg.rdma_poll_seconds)
+            self._tasks.append(asyncio.create_task(sysfs.run(self.nics.port_changed), name="rdma-sysfs"))
+
+    async def _health_timer(self) -> None:
+        """Wake the health machines when a hold-down ends (flap damping)."""
+        while True:
+            deadline = self.nics.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+            self.nics.tick()
+
+    async def _watchdog(self) -> None:
+        assert self.notifier.watchdog_interval
+        while True:
+            self.notifier.watchdog()
+            await asyncio.sleep(self.notifier.watchdog_interval)
+
+    # --- what the services call ---------------------------------------------------------------
+
+    def _on_transition(self, record: NicRecord, transition: Transition) -> None:
+        spec = record.spec
+        nic_event = common_pb2.NicEvent(
+            host=self.host,
+            device=spec.device,
+            netdev=spec.netdev,
+            state=int(transition.state),
+            previous_state=int(transition.previous),
+            reason=transition.reason,
+            time_unix_nanos=record.wall_last_change_ns,
+            monotonic_nanos=int(transition.at * 1e9),
+        )
+        self.bus.publish(admin_pb2.Event(nic=nic_event, time_unix_nanos=record.wall_last_change_ns))
+        self.metrics.set_nic(spec.device, spec.netdev, transition.state)
+        self.metrics.nic_transitions.labels(
+            spec.device, transition.state.name.lower(), transition.reason
+        ).inc()
+        self._sync_link_events(record)
+        self.registry.put(f"nics/{self.host}/{spec.device}", encode(self.nics.to_proto(spec.device)))
+        level = logging.WARNING if transition.state != NicState.UP else logging.INFO
+        log.log(level, "%s (%s): %s -> %s (%s)", spec.device, spec.netdev, transition.previous.name,
+                transition.state.name, transition.reason)  # fmt: skip
+        self._wake.set()
+
+    def _sync_link_events(self, record: NicRecord) -> None:
+        counter = self.metrics.link_events.labels(record.spec.device, record.spec.netdev)
+        missing = record.health.link_events - counter._value.get()
+        if missing > 0:
+            counter.inc(missing)
+
+    def snapshot_event(self, nic: common_pb2.Nic) -> common_pb2.NicEvent:
+        """The current state of a NIC, as the first events of an agent's stream."""
+        return common_pb2.NicEvent(
+            host=self.host,
+            device=nic.device,
+            netdev=nic.netdev,
+            state=nic.state,
+            previous_state=nic.state,
+            reason=nic.reason or "snapshot",
+            time_unix_nanos=nic.last_change_unix_nanos,
+        )
+
+    def _on_agent_change(self, info: common_pb2.AgentInfo, registered: bool) -> None:
+        change = admin_pb2.AgentChange(agent=info, registered=registered)
+        self.bus.publish(admin_pb2.Event(agent=change))
+        self.mappings_changed()
+        log.info("agent %s (pid %d, %s) %s", info.agent_id, info.pid, info.name or "?",
+                 "registered" if registered else "left")  # fmt: skip
+
+    def mappings_changed(self) -> None:
+        qps, mrs = self.agents.mapping_counts()
+        self.metrics.mappings.labels("qp").set(qps)
+        self.metrics.mappings.labels("mr").set(mrs)
+
+    async def lookup(self, key: str, wait: float) -> str | None:
+        if wait > 0:
+            return await self.registry.wait_for(key, wait)
+        return await self.registry.get(key)
+
+    def record_failover(self, report: common_pb2.FailoverReport) -> None:
+        if report.kind == common_pb2.FAILOVER_KIND_FAILBACK:
+            self.failbacks += 1
+            self.metrics.failbacks.labels(report.device).inc()
+        else:
+            self.failovers += 1
+            self.metrics.failovers.labels(report.device, report.reason or "unknown").inc()
+            if report.downtime_seconds >= 0:
+                self.metrics.downtime.observe(report.downtime_seconds)
+        self.metrics.rewound.inc(report.reposted_work_requests)
+        if not report.time_unix_nanos:
+            report.time_unix_nanos = time.time_ns()
+        self.bus.publish(admin_pb2.Event(failover=report))
+
+    async def fail_nic(
+        self, device: str, mode: FaultMode, period: float | None, by_uid: int
+    ) -> common_pb2.Nic:
+        record = self.nics.get(device)
+        try:
+            await self.faults.apply(record.spec.netdev, mode, period)
+        except Exception as exc:  # a netlink or tc failure: the operator must see why
+            raise AgentError(
+                "FAILED_PRECONDITION", f"cannot inject {mode.name.lower()} on {device}: {exc}"
+            ) from exc
+        self.nics.set_fault(device, mode)
+        self.metrics.faults.labels(device, mode.name.lower()).inc()
+        self.bus.publish(admin_pb2.Event(fault=admin_pb2.FaultChange(device=device, mode=int(mode))))
+        log.warning(
+            "fault %s injected on %s (%s) by uid %d", mode.name.lower(), device, record.spec.netdev, by_uid
+        )
+        return self.nics.to_proto(device)
+
+    async def recover_nic(self, device: str, by_uid: int) -> common_pb2.Nic:
+        record = self.nics.get(device)
+        try:
+            await self.faults.clear(record.spec.netdev)
+        except Exception as exc:
+            raise AgentError("FAILED_PRECONDITION", f"cannot recover {device}: {exc}") from exc
+        self.nics.set_fault(device, FaultMode.NONE)
+        self.bus.publish(admin_pb2.Event(fault=admin_pb2.FaultChange(device=device, mode=0)))
+        log.warning("fault cleared on %s (%s) by uid %d", device, record.spec.netdev, by_uid)
+        return self.nics.to_proto(device)
+
+    def _host_record(self) -> str:
+        return json.dumps(
+            {
+                "host": self.host,
+                "version": __version__,
+                "pid": os.getpid(),
+                "socket": self.config.server.socket,
+                "started_unix": int(time.time()),
+                "devices": {d: self.nics.get(d).spec.netdev for d in self.nics.devices},
+            },
+            sort_keys=True,
+        )
+
+
+async def serve(config: config_mod.Config) -> None:
+    daemon = Daemon(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await daemon.start()
+        await stop.wait()
+    finally:
+        await daemon.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="shiftd",
+        description="The SHIFT daemon: watches this host's RDMA NICs, tells libshift agents about failures "
+        "over gRPC, publishes backup endpoints into etcd and exports Prometheus metrics.",
+    )
+    parser.add_argument(
+        "--config", default=None, help=f"TOML config file (default {config_mod.DEFAULT_PATH})"
+    )
+    parser.add_argument("--check-config", action="store_true", help="validate the config file and exit")
+    parser.add_argument("--log-level", choices=config_mod.LOG_LEVELS, help="override log_level of the config")
+    parser.add_argument("--version", action="version", version=f"shiftd {__version__}")
+    args = parser.parse_args(argv)
+    try:
+        config = config_mod.load(args.config)
+    except config_mod.ConfigError as exc:
+        print(f"shiftd: {exc}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        print(f"shiftd: {args.config or config_mod.DEFAULT_PATH}: OK")
+        return 0
+    logging.basicConfig(
+        level=(args.log_level or config.log_level).upper(),
+        format=f"%(asctime)s shiftd[{config.host}] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        asyncio.run(serve(config))
+    except StartupError as exc:
+        print(f"shiftd: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The NICs of this host: one health state machine each, fed by the monitors.
+
+The table maps netdev signals to devices, asks `NicHealth` what they mean, and hands every
+resulting transition to one callback (the daemon turns it into an event, an etcd write and
+metrics). It also renders the `Nic` records that the API returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from libshift.api.shift.v1 import common_pb2
+from shiftd.gid import gid_of_ipv4
+from shiftd.health import NicHealth, Transition
+from shiftd.nic import DeviceChange, FaultMode, LinkStatus, NicSpec, PortStatus
+
+
+class UnknownDevice(KeyError):
+    """A device name that this host does not have."""
+
+
+@dataclass
+class NicRecord:
+    spec: NicSpec
+    health: NicHealth
+    wall_last_change_ns: int = 0
+
+
+class NicTable:
+    def __init__(
+        self,
+        specs: list[NicSpec],
+        hold_down: float,
+        on_transition: Callable[[NicRecord, Transition], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self._on_transition = on_transition
+        now = clock()
+        self.records: dict[str, NicRecord] = {
+            spec.device: NicRecord(spec, NicHealth(spec, hold_down, now), time.time_ns()) for spec in specs
+        }
+
+    @property
+    def devices(self) -> list[str]:
+        return sorted(self.records)
+
+    def get(self, device: str) -> NicRecord:
+        try:
+            return self.records[device]
+        except KeyError:
+            raise UnknownDevice(device) from None
+
+    def netdevs(self) -> set[str]:
+        return {r.spec.netdev for r in self.records.values()}
+
+    def link_changed(self, status: LinkStatus) -> None:
+        for record in self.records.values():
+            if record.spec.netdev == status.netdev:
+                self._apply(record, record.health.update_link(status, self._clock()))
+
+    def port_changed(self, status: PortStatus) -> None:
+        record = self.records.get(status.device)
+        if record is not None and record.spec.port == status.port:
+            self._apply(record, record.health.update_port(status, self._clock()))
+
+    def device_changed(self, change: DeviceChange) -> None:
+        for record in self.records.values():
+            name = record.spec.netdev if change.subsystem == "net" else record.spec.device
+            if name == change.name:
+                present = change.action == "add"
+                self._apply(record, record.health.set_present(present, self._clock()))
+
+    def set_fault(self, device: str, mode: FaultMode) -> None:
+        record = self.get(device)
+        self._apply(record, record.health.set_fault(mode, self._clock()))
+
+    def tick(self) -> None:
+        now = self._clock()
+        for record in self.records.values():
+            self._apply(record, record.health.tick(now))
+
+    def next_deadline(self) -> float | None:
+        deadlines = [d for r in self.records.values() if (d := r.health.next_deadline()) is not None]
+        return min(deadlines, default=None)
+
+    def _apply(self, record: NicRecord, transition: Transition | None) -> None:
+        if transition is None:
+            return
+        record.wall_last_change_ns = time.time_ns()
+        self._on_transition(record, transition)
+
+    def to_proto(self, device: str) -> common_pb2.Nic:
+        record = self.get(device)
+        health = record.health
+        link = health.link
+        port = health.port
+        ipv4 = [a for a in (link.addresses if link else ()) if ":" not in a]
+        return common_pb2.Nic(
+            device=record.spec.device,
+            netdev=record.spec.netdev,
+            provider=record.spec.provider,
+            state=int(health.state),
+            reason=health.reason,
+            admin_up=bool(link and link.admin_up),
+            operstate=link.operstate if link else "absent",
+            carrier=bool(link and link.carrier),
+            port_state=port.state if port else "",
+            fault=int(health.fault),
+            addresses=list(link.addresses) if link else [],
+            last_change_unix_nanos=record.wall_last_change_ns,
+            link_events=health.link_events,
+            gid=gid_of_ipv4(ipv4[0].split("/")[0]) if ipv4 else "",
+        )
+
+    def all_protos(self) -> list[common_pb2.Nic]:
+        return [self.to_proto(device) for device in self.devices]

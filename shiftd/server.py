@@ -1,0 +1,257 @@
+"""shiftd's gRPC services (grpc.aio): Agent for the libshift agents, Admin for operators.
+
+Handlers are thin: they find out who is calling (through the SO_PEERCRED relay), check it,
+and call the daemon. Every refusal is a proper status code with a one-line message.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from google.protobuf import json_format
+
+from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, common_pb2
+from shiftd import __version__
+from shiftd.agents import AgentError, mr_key, qp_key
+from shiftd.events import SubscriberOverflow
+from shiftd.nic import FaultMode
+from shiftd.nics import UnknownDevice
+from shiftd.peercred import PeerCred
+from shiftd.registry import RegistryUnavailable
+
+if TYPE_CHECKING:
+    from shiftd.daemon import Daemon
+
+log = logging.getLogger(__name__)
+MAX_WAIT_SECONDS = 60.0
+
+
+def _code(name: str) -> grpc.StatusCode:
+    return getattr(grpc.StatusCode, name)
+
+
+def unary(admin: bool = False) -> Callable:
+    """Wrap a unary handler: identify and authorize the caller, map errors, count the call."""
+
+    def decorate(handler: Callable) -> Callable:
+        @functools.wraps(handler)
+        async def wrapper(self: _Base, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            method = handler.__name__
+            cred = self._caller(context, admin)
+            if cred is None:
+                self._count(method, "PERMISSION_DENIED")
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, self._denied_message(context))
+            try:
+                reply = await handler(self, request, context, cred)
+            except AgentError as exc:
+                self._count(method, exc.code)
+                await context.abort(_code(exc.code), str(exc))
+            except UnknownDevice as exc:
+                self._count(method, "NOT_FOUND")
+                known = ", ".join(self.daemon.nics.devices) or "none"
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND, f"unknown device {exc.args[0]!r} (known: {known})"
+                )
+            except RegistryUnavailable as exc:
+                self._count(method, "UNAVAILABLE")
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd is unreachable: {exc}")
+            self._count(method, "OK")
+            return reply
+
+        return wrapper
+
+    return decorate
+
+
+class _Base:
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+
+    def _caller(self, context: grpc.aio.ServicerContext, admin: bool) -> PeerCred | None:
+        cred = self.daemon.relay.lookup(context.peer())
+        if cred is None:
+            return None
+        if admin and not self.daemon.is_admin(cred):
+            return None
+        return cred
+
+    def _denied_message(self, context: grpc.aio.ServicerContext) -> str:
+        if self.daemon.relay.lookup(context.peer()) is None:
+            return "caller unknown: connect through shiftd's socket"
+        group = self.daemon.config.server.admin_group
+        return f"admin calls need root or membership of group {group!r}"
+
+    def _count(self, method: str, code: str) -> None:
+        self.daemon.metrics.grpc_requests.labels(method, code).inc()
+
+
+class AgentService(_Base, agent_pb2_grpc.AgentServicer):
+    @unary()
+    async def Register(self, request, context, cred):
+        info = self.daemon.agents.register(context.peer(), cred, request.pid, request.name, request.job)
+        return agent_pb2.RegisterResponse(
+            agent_id=info.agent_id, host=self.daemon.host, nics=self.daemon.nics.all_protos()
+        )
+
+    @unary()
+    async def Unregister(self, request, context, cred):
+        self.daemon.agents.unregister(request.agent_id, cred)
+        return agent_pb2.UnregisterResponse()
+
+    async def WatchNicEvents(self, request, context) -> AsyncIterator[common_pb2.NicEvent]:
+        cred = self._caller(context, admin=False)
+        if cred is None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, self._denied_message(context))
+        if request.agent_id and request.agent_id not in self.daemon.agents.agents:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no agent {request.agent_id!r} is registered")
+        subscription = self.daemon.bus.subscribe()
+        try:
+            for nic in self.daemon.nics.all_protos():
+                yield self.daemon.snapshot_event(nic)
+            async for event in subscription:
+                if event.WhichOneof("kind") == "nic":
+                    yield event.nic
+        except SubscriberOverflow:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "event stream fell behind; resubscribe")
+        finally:
+            subscription.close()
+
+    @unary()
+    async def Publish(self, request, context, cred):
+        self.daemon.agents.publish(request.agent_id, cred, request.qps, request.mrs)
+        self.daemon.mappings_changed()
+        registry = self.daemon.registry
+        return agent_pb2.PublishResponse(stored=registry.pending == 0, pending=registry.pending)
+
+    @unary()
+    async def Withdraw(self, request, context, cred):
+        self.daemon.agents.withdraw(request.agent_id, cred, request.qps, request.mrs)
+        self.daemon.mappings_changed()
+        return agent_pb2.WithdrawResponse()
+
+    @unary()
+    async def LookupQp(self, request, context, cred):
+        key = _lookup_key(qp_key, request.gid, request.qpn)
+        value = await self.daemon.lookup(key, _wait(request.wait_seconds))
+        if value is None:
+            raise AgentError("NOT_FOUND", f"no backup published for QP {request.qpn} of {request.gid}")
+        return agent_pb2.LookupQpResponse(mapping=_decode(value, common_pb2.QpMapping()))
+
+    @unary()
+    async def LookupMr(self, request, context, cred):
+        key = _lookup_key(mr_key, request.gid, request.rkey)
+        value = await self.daemon.lookup(key, _wait(request.wait_seconds))
+        if value is None:
+            raise AgentError("NOT_FOUND", f"no backup published for rkey {request.rkey} of {request.gid}")
+        return agent_pb2.LookupMrResponse(mapping=_decode(value, common_pb2.MrMapping()))
+
+    @unary()
+    async def ReportFailover(self, request, context, cred):
+        if request.agent_id not in self.daemon.agents.agents:
+            raise AgentError("NOT_FOUND", f"no agent {request.agent_id!r} is registered")
+        self.daemon.record_failover(request.report)
+        return agent_pb2.ReportFailoverResponse()
+
+
+class AdminService(_Base, admin_pb2_grpc.AdminServicer):
+    @unary(admin=True)
+    async def Status(self, request, context, cred):
+        d = self.daemon
+        return admin_pb2.StatusResponse(
+            host=d.host,
+            version=__version__,
+            uptime_seconds=time.monotonic() - d.started,
+            etcd_connected=d.registry.connected,
+            etcd_endpoints=list(d.config.etcd.endpoints),
+            lease_id=d.registry.lease_id or 0,
+            pending_writes=d.registry.pending,
+            nics=d.nics.all_protos(),
+            agents=[a.info for a in d.agents.agents.values()],
+            failovers=d.failovers,
+            failbacks=d.failbacks,
+            socket=d.config.server.socket,
+            metrics_address=d.metrics.address,
+            udev=d.udev_description,
+        )
+
+    @unary(admin=True)
+    async def ListNics(self, request, context, cred):
+        return admin_pb2.ListNicsResponse(nics=self.daemon.nics.all_protos())
+
+    @unary(admin=True)
+    async def FailNic(self, request, context, cred):
+        mode = FaultMode(request.mode) if request.mode in FaultMode._value2member_map_ else None
+        if mode is None:
+            raise AgentError("INVALID_ARGUMENT", f"unknown fault mode {request.mode}")
+        if request.flap_period_seconds < 0 or request.flap_period_seconds > 3600:
+            raise AgentError("INVALID_ARGUMENT", "flap_period_seconds must be within 0..3600")
+        nic = await self.daemon.fail_nic(
+            request.device, mode or FaultMode.DOWN, request.flap_period_seconds or None, by_uid=cred.uid
+        )
+        return admin_pb2.FailNicResponse(nic=nic)
+
+    @unary(admin=True)
+    async def RecoverNic(self, request, context, cred):
+        return admin_pb2.RecoverNicResponse(
+            nic=await self.daemon.recover_nic(request.device, by_uid=cred.uid)
+        )
+
+    async def StreamEvents(self, request, context) -> AsyncIterator[admin_pb2.Event]:
+        if self._caller(context, admin=True) is None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, self._denied_message(context))
+        subscription = self.daemon.bus.subscribe() if request.follow else None
+        try:
+            for event in self.daemon.bus.recent(min(request.backlog, 10000)):
+                yield event
+            if subscription is not None:
+                async for event in subscription:
+                    yield event
+        except SubscriberOverflow:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "event stream fell behind; resubscribe")
+        finally:
+            if subscription is not None:
+                subscription.close()
+
+
+def _wait(seconds: float) -> float:
+    if not seconds >= 0:  # also rejects NaN
+        raise AgentError("INVALID_ARGUMENT", "wait_seconds must not be negative")
+    return min(seconds, MAX_WAIT_SECONDS)
+
+
+def _lookup_key(make_key: Callable[[str, int], str], gid: str, number: int) -> str:
+    try:
+        return make_key(gid, number)
+    except ValueError:
+        raise AgentError("INVALID_ARGUMENT", f"gid: {gid[:64]!r} is not a GID (IPv6 text)") from None
+
+
+def _decode(value: str, message):
+    try:
+        return json_format.Parse(value, message, ignore_unknown_fields=True)
+    except json_format.ParseError:
+        raise AgentError("DATA_LOSS", "the stored mapping is not readable") from None
+
+
+async def start_grpc(daemon: Daemon, private_path: str) -> grpc.aio.Server:
+    """Start the gRPC server on the private socket behind the relay."""
+    limit = daemon.config.server.max_message_bytes
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", 16 * limit),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    agent_pb2_grpc.add_AgentServicer_to_server(AgentService(daemon), server)
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(daemon), server)
+    server.add_insecure_port(f"unix:{private_path}")
+    await server.start()
+    os.chmod(private_path, 0o600)
+    return server

@@ -1,0 +1,112 @@
+"""AgentTable: who may publish what, and what vanishes when an agent leaves."""
+
+import json
+
+import pytest
+
+from libshift.api.shift.v1 import common_pb2
+from shiftd.agents import AgentError, AgentTable, qp_key
+from shiftd.peercred import PeerCred
+
+
+class DictStore:
+    """The registry's desired-state interface, kept in a dict for these table tests."""
+
+    def __init__(self):
+        self.keys = {}
+
+    def put(self, key, value):
+        self.keys[key] = value
+
+    def delete(self, key):
+        self.keys.pop(key, None)
+
+
+ALICE = PeerCred(pid=100, uid=1000, gid=1000)
+BOB = PeerCred(pid=200, uid=1001, gid=1001)
+
+
+def mapping(qpn, gid="::ffff:198.18.0.10", backup_gid="::ffff:198.18.1.10"):
+    return common_pb2.QpMapping(
+        primary=common_pb2.Endpoint(gid=gid, qpn=qpn, psn=1, device="mlx5_0"),
+        backup=common_pb2.Endpoint(
+            gid=backup_gid, qpn=qpn + 1, psn=2, device="mlx5_1", provider_data={"port": "9"}
+        ),
+    )
+
+
+@pytest.fixture
+def table():
+    changes = []
+    store = DictStore()
+    return (
+        AgentTable(store, lambda info, registered: changes.append((info.agent_id, registered))),
+        store,
+        changes,
+    )
+
+
+def test_publish_stores_json_under_canonical_key(table):
+    agents, store, changes = table
+    info = agents.register("conn-a", ALICE, 100, "train", "job1")
+    agents.publish(info.agent_id, ALICE, [mapping(7, gid="0:0:0:0:0:ffff:c612:a")], [])
+    key = "qp/::ffff:198.18.0.10/7"
+    assert list(store.keys) == [key]
+    assert json.loads(store.keys[key])["backup"]["qpn"] == 8
+    assert qp_key("::ffff:c612:a", 7) == key
+    assert changes == [(info.agent_id, True)]
+
+
+def test_connection_close_withdraws_everything(table):
+    agents, store, changes = table
+    info = agents.register("conn-a", ALICE, 0, "", "")
+    agents.publish(info.agent_id, ALICE, [mapping(1), mapping(2)], [])
+    other = agents.register("conn-b", BOB, 0, "", "")
+    agents.publish(other.agent_id, BOB, [mapping(3)], [])
+    agents.connection_closed("conn-a")
+    assert list(store.keys) == ["qp/::ffff:198.18.0.10/3"]
+    assert info.agent_id not in agents.agents
+    assert changes[-1] == (info.agent_id, False)
+
+
+def test_agent_cannot_take_over_or_withdraw_anothers_keys(table):
+    agents, store, _ = table
+    a = agents.register("conn-a", ALICE, 0, "", "")
+    b = agents.register("conn-b", BOB, 0, "", "")
+    agents.publish(a.agent_id, ALICE, [mapping(1)], [])
+    with pytest.raises(AgentError) as info:
+        agents.publish(b.agent_id, BOB, [mapping(1)], [])
+    assert info.value.code == "PERMISSION_DENIED"
+    with pytest.raises(AgentError) as info:
+        agents.withdraw(b.agent_id, BOB, [mapping(1).primary], [])
+    assert info.value.code == "NOT_FOUND"
+    with pytest.raises(AgentError) as info:
+        agents.publish(a.agent_id, BOB, [mapping(2)], [])
+    assert info.value.code == "PERMISSION_DENIED"
+    assert len(store.keys) == 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        mapping(1, gid="not-a-gid"),
+        mapping(1 << 24),
+        common_pb2.QpMapping(
+            primary=common_pb2.Endpoint(gid="::1", qpn=1), backup=common_pb2.Endpoint(gid="x")
+        ),
+    ],
+)
+def test_malformed_mapping_is_invalid_argument(table, bad):
+    agents, store, _ = table
+    info = agents.register("c", ALICE, 0, "", "")
+    with pytest.raises(AgentError) as err:
+        agents.publish(info.agent_id, ALICE, [bad], [])
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert store.keys == {}
+
+
+def test_register_with_someone_elses_pid_is_refused(table):
+    agents, _, _ = table
+    with pytest.raises(AgentError) as err:
+        agents.register("c", ALICE, 4242, "", "")
+    assert err.value.code == "PERMISSION_DENIED"

@@ -1,0 +1,110 @@
+"""shiftd's config: defaults, a full file, and one clear line for each kind of mistake."""
+
+import subprocess
+import sys
+
+import pytest
+
+from shiftd import config
+
+
+def test_empty_file_means_defaults(tmp_path):
+    path = tmp_path / "shiftd.toml"
+    path.write_text("")
+    cfg = config.load(path)
+    assert cfg.server.socket == "/run/shift/shiftd.sock"
+    assert cfg.server.socket_mode == 0o660
+    assert cfg.metrics.listen == "127.0.0.1:9477"
+    assert cfg.etcd.prefix == "/shift/v1"
+    assert cfg.devices == {}
+
+
+def test_full_file(tmp_path):
+    path = tmp_path / "shiftd.toml"
+    path.write_text(
+        """
+host = "h0"
+log_level = "debug"
+[server]
+socket = "/tmp/x.sock"
+socket_mode = "0600"
+admin_group = "wheel"
+[etcd]
+endpoints = ["198.19.0.1:2379", "http://198.19.0.2:2379"]
+lease_ttl_seconds = 5
+[health]
+hold_down_seconds = 0.5
+[devices]
+mlx5_0 = "ens1f0np0"
+mlx5_1 = "ens2f0np0"
+"""
+    )
+    cfg = config.load(path)
+    assert cfg.host == "h0"
+    assert cfg.server.socket_mode == 0o600
+    assert config.etcd_endpoints(cfg.etcd) == [("198.19.0.1", 2379), ("198.19.0.2", 2379)]
+    assert cfg.health.hold_down_seconds == 0.5
+    assert cfg.devices == {"mlx5_0": "ens1f0np0", "mlx5_1": "ens2f0np0"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("bogus = 1", "bogus: unknown key"),
+        ("[server]\nsockets = 'x'", "server.sockets: unknown key"),
+        ("[etcd]\nlease_ttl_seconds = 'ten'", "etcd.lease_ttl_seconds: must be an integer"),
+        ("[etcd]\nlease_ttl_seconds = 1", "etcd.lease_ttl_seconds: must be at least 2"),
+        ("[etcd]\nendpoints = []", "etcd.endpoints: must be a non-empty list"),
+        ("[etcd]\nendpoints = ['nohost']", "etcd.endpoints: 'nohost' is not HOST:PORT"),
+        ("[etcd]\nprefix = 'shift'", "etcd.prefix: must start with '/'"),
+        ("[server]\nsocket_mode = 660", "server.socket_mode: must be an octal string"),
+        ("[server]\nsocket = 'relative.sock'", "server.socket: must be an absolute path"),
+        ("[metrics]\nlisten = 'localhost'", "metrics.listen: 'localhost' is not HOST:PORT"),
+        ("[health]\nhold_down_seconds = -1", "health.hold_down_seconds: must not be negative"),
+        ("[monitors]\nnetlink = 'yes'", "monitors.netlink: must be true or false"),
+        ("log_level = 'loud'", "log_level: must be one of"),
+        ("host = 'bad host'", "host: 'bad host' is not a valid host name"),
+        ("[devices]\nmlx5_0 = 'this-name-is-far-too-long'", "devices.mlx5_0: 'this-name-is-far-too-long' is not"),
+        ("[devices]\nmlx5_0 = 'eth0'\nmlx5_1 = 'eth0'", "devices.mlx5_1: netdev 'eth0' is already used"),
+        ("server = 3", "server: must be a table"),
+        ("[etcd\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_names_key_and_problem(tmp_path, text, message):
+    path = tmp_path / "shiftd.toml"
+    path.write_text(text)
+    with pytest.raises(config.ConfigError) as info:
+        config.load(path)
+    assert message in str(info.value)
+    assert str(path) in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file_is_one_line(tmp_path):
+    with pytest.raises(config.ConfigError, match="no such file"):
+        config.load(tmp_path / "absent.toml")
+
+
+def test_daemon_refuses_bad_config_with_one_line(tmp_path):
+    path = tmp_path / "shiftd.toml"
+    path.write_text("[etcd]\nlease_ttl_seconds = 'x'\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "shiftd.daemon", "--config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "etcd.lease_ttl_seconds: must be an integer" in lines[0]
+
+
+def test_check_config_accepts_good_file(tmp_path):
+    path = tmp_path / "shiftd.toml"
+    path.write_text("[devices]\nmlx5_0 = 'eth0'\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "shiftd.daemon", "--config", str(path), "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "OK" in result.stdout
