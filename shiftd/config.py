@@ -174,7 +174,7 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
 def _mode(key: str, value: Any) -> int:
     if isinstance(value, str) and re.fullmatch(r"0?[0-7]{3}", value):
         return int(value, 8)
-    raise ConfigError(f"{key}: must be an octal string such as \"0660\", not {value!r}")
+    raise ConfigError(f'{key}: must be an octal string such as "0660", not {value!r}')
 
 
 def _check_ranges(name: str, section: Any) -> None:
@@ -235,7 +235,7 @@ def _host(value: Any) -> str:
 
 def _devices(value: Any) -> dict[str, str]:
     if not isinstance(value, dict):
-        raise ConfigError("devices: must be a table of device = \"netdev\"")
+        raise ConfigError('devices: must be a table of device = "netdev"')
     devices: dict[str, str] = {}
     for device, netdev in value.items():
         if not DEVICE_RE.fullmatch(device):
