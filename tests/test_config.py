@@ -108,3 +108,16 @@ def test_check_config_accepts_good_file(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "OK" in result.stdout
+
+
+def test_shipped_example_config_is_valid_and_equals_defaults():
+    from pathlib import Path
+
+    shipped = config.load(Path(__file__).resolve().parent.parent / "deploy" / "config" / "shiftd.toml")
+    defaults = config.Config()
+    assert shipped.server == defaults.server
+    assert shipped.etcd == defaults.etcd
+    assert shipped.metrics == defaults.metrics
+    assert shipped.health == defaults.health
+    assert shipped.monitors == defaults.monitors
+    assert shipped.faults == defaults.faults
