@@ -1,0 +1,241 @@
+"""The registry's link to etcd: one aetcd client over every member, error accounting, backoff.
+
+Everything that talks to etcd (the reconciler, lookups, watches) goes through one `EtcdLink` so
+that errors are counted once, `connected` means the same thing everywhere, and `stop()` has one
+switch (`closed`) that ends every loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import random
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import aetcd
+import grpc
+from aetcd import rpc
+
+log = logging.getLogger("shiftd.registry")
+T = TypeVar("T")
+Endpoint = tuple[str, int]
+
+
+class RegistryUnavailable(RuntimeError):
+    """etcd did not answer within the timeout; str() is the one line shown to a user."""
+
+
+def grpc_target(endpoints: list[Endpoint]) -> tuple[str, int]:
+    """Return the (host, port) that makes aetcd dial every member through one gRPC channel.
+
+    aetcd dials f"{host}:{port}". gRPC fails over between addresses only inside one target, so
+    several members become gRPC's static list target "ipv4:a:p,b:p,c:p", split at its last colon
+    so that aetcd's join rebuilds it. A single endpoint may be a DNS name; a list must be IPs
+    (the static resolver does no DNS).
+    """
+    if not endpoints:
+        raise ValueError("etcd: no endpoints configured")
+    if len(endpoints) == 1:
+        return endpoints[0]
+    versions = set()
+    for host, _ in endpoints:
+        try:
+            versions.add(ipaddress.ip_address(host).version)
+        except ValueError:
+            raise ValueError(
+                f"etcd endpoint {host!r}: with several endpoints each must be an IP address"
+            ) from None
+    if len(versions) > 1:
+        raise ValueError("etcd endpoints: do not mix IPv4 and IPv6 addresses")
+    if versions == {4}:
+        target = "ipv4:" + ",".join(f"{h}:{p}" for h, p in endpoints)
+    else:
+        target = "ipv6:" + ",".join(f"[{h}]:{p}" for h, p in endpoints)
+    host, _, port = target.rpartition(":")
+    return host, int(port)
+
+
+def error_kind(exc: BaseException) -> str:
+    """A short, bounded label for an etcd failure (the `kind` of shift_etcd_errors_total)."""
+    if isinstance(exc, aetcd.ConnectionFailedError):
+        return "unavailable"
+    if isinstance(exc, aetcd.ConnectionTimeoutError | TimeoutError):
+        return "timeout"
+    if "lease not found" in str(exc):
+        return "lease_lost"
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return {grpc.StatusCode.UNAVAILABLE: "unavailable", grpc.StatusCode.DEADLINE_EXCEEDED: "timeout"}.get(
+            exc.code(), "rpc"
+        )
+    if isinstance(exc, aetcd.ClientError):
+        return "rpc"
+    return "internal"
+
+
+class Backoff:
+    """Exponential backoff with jitter, so that a fleet of daemons does not reconnect in step."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self._initial = initial
+        self._maximum = max(initial, maximum)
+        self._current = initial
+
+    def next(self) -> float:
+        delay = self._current * random.uniform(0.75, 1.0)
+        self._current = min(self._current * 2, self._maximum)
+        return delay
+
+    def reset(self) -> None:
+        self._current = self._initial
+
+
+class EtcdLink:
+    """One aetcd client for all members, plus the bookkeeping every caller shares."""
+
+    def __init__(
+        self,
+        endpoints: list[Endpoint],
+        timeout: float,
+        retry_initial: float,
+        retry_max: float,
+        on_error: Callable[[str], None] | None,
+    ) -> None:
+        self.endpoints = endpoints
+        self.timeout = timeout
+        self.retry_initial = retry_initial
+        self.retry_max = retry_max
+        self._target = grpc_target(endpoints)
+        self._on_error = on_error
+        self._client: aetcd.Client | None = None
+        self.errors: Counter[str] = Counter()
+        self.connected = False
+        self.closed = asyncio.Event()
+
+    @property
+    def client(self) -> aetcd.Client:
+        if self._client is None:
+            raise RuntimeError("registry is not started")
+        return self._client
+
+    def open(self) -> None:
+        """Create the client; gRPC connects lazily, so this never waits for etcd."""
+        options = {
+            # gRPC's own reconnect backoff grows to 120 s by default: cap it at ours so that a
+            # restarted etcd is found within retry_max.
+            "grpc.initial_reconnect_backoff_ms": _ms(self.retry_initial),
+            "grpc.min_reconnect_backoff_ms": _ms(self.retry_initial),
+            "grpc.max_reconnect_backoff_ms": _ms(self.retry_max),
+            # A silently dead peer (no RST) must break watches too; etcd allows pings every 5 s.
+            "grpc.keepalive_time_ms": 10_000,
+            "grpc.keepalive_timeout_ms": _ms(self.timeout),
+        }
+        host, port = self._target
+        self._client = aetcd.Client(host, port, timeout=self.timeout, options=options)
+        self.closed.clear()
+
+    async def close(self) -> None:
+        """Close the channel (cancelling every call on it); bounded by the timeout."""
+        self.closed.set()
+        client, self._client = self._client, None
+        if client is None:
+            return
+        try:
+            await asyncio.wait_for(client.close(), self.timeout)
+        except Exception as exc:
+            log.warning("etcd: closing the client failed: %s", exc)
+
+    def ok(self) -> None:
+        if not self.connected:
+            log.info("etcd: reachable at %s", self.describe())
+        self.connected = True
+
+    def failed(self, exc: BaseException) -> str:
+        """Count and report one failed etcd call; returns its kind."""
+        kind = error_kind(exc)
+        if kind == "internal":
+            log.error("etcd: unexpected error", exc_info=exc)
+        self.report(kind, one_line(exc))
+        return kind
+
+    def report(self, kind: str, detail: str) -> None:
+        """Count one etcd error, tell `on_error`, and log it once per outage, not once per retry."""
+        self.errors[kind] += 1
+        if self.connected:
+            log.warning("etcd: %s at %s: %s", kind, self.describe(), detail)
+        else:
+            log.debug("etcd: %s: %s", kind, detail)
+        if kind != "lease_lost":  # etcd answered: the link itself is fine
+            self.connected = False
+        if self._on_error is not None:
+            try:
+                self._on_error(kind)
+            except Exception:
+                log.exception("etcd: on_error callback failed")
+
+    def backoff(self) -> Backoff:
+        """A fresh backoff for one retry loop, from retry_initial up to retry_max."""
+        return Backoff(self.retry_initial, self.retry_max)
+
+    def describe(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.endpoints)
+
+    async def sleep(self, delay: float) -> None:
+        """Sleep, but wake at once when the registry stops."""
+        await wait_event(self.closed, delay)
+
+    async def call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """Run one etcd request, retrying transient failures until the timeout is spent."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        backoff = Backoff(min(self.retry_initial, 0.05), self.retry_max)
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                result = await asyncio.wait_for(fn(), max(remaining, 0.001))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                kind = self.failed(exc)
+                if kind == "internal":
+                    raise
+                delay = backoff.next()
+                if loop.time() + delay >= deadline:
+                    why = f"{kind}: {one_line(exc)}"
+                    raise RegistryUnavailable(
+                        f"etcd at {self.describe()} did not answer within {self.timeout:g}s ({why})"
+                    ) from exc
+                await asyncio.sleep(delay)
+            else:
+                self.ok()
+                return result
+
+    async def snapshot(self, key: bytes, range_end: bytes) -> tuple[int, list[rpc.KeyValue]]:
+        """The keys in [key, range_end) and the store revision they were read at."""
+        result = await self.call(lambda: self.client.get_range(key, range_end))
+        return result.header.revision, list(result.kvs)
+
+    async def watch_stub(self) -> rpc.WatchStub:
+        await self.client.connect()
+        return rpc.WatchStub(self.client.channel)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> None:
+    """Wait until `event` is set or `timeout` passes, whichever is first."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one log line (gRPC errors' str() spans several)."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
