@@ -40,6 +40,7 @@ from shiftd.sdnotify import Notifier
 from shiftd.server import start_grpc
 
 log = logging.getLogger("shiftd")
+SETTLE_SECONDS = 2.0
 
 
 class StartupError(Exception):
@@ -67,7 +68,7 @@ class Daemon:
             on_error=lambda kind: self.metrics.etcd_errors.labels(kind).inc(),
         )
         try:
-            specs = inventory.discover(config)
+            specs = list(inventory.scan(config).nics)
         except inventory.InventoryError as exc:
             raise StartupError(str(exc)) from None
         self.nics = NicTable(specs, config.health.hold_down_seconds, self._on_transition)
@@ -85,7 +86,7 @@ class Daemon:
         self._grpc = None
         self._tasks: list[asyncio.Task] = []
         self._wake = asyncio.Event()
-        self._udev = UdevMonitor() if config.monitors.udev else None
+        self._udev = UdevMonitor(self.nics.device_changed) if config.monitors.udev else None
 
     @property
     def udev_description(self) -> str:
@@ -99,8 +100,10 @@ class Daemon:
     async def start(self) -> None:
         self._check_socket_free()
         for record in self.nics.records.values():
-            self.metrics.set_nic(record.spec.device, record.spec.netdev, record.health.state)
+            self.metrics.set_nic(record.name, record.spec.netdev, record.health.state)
+            self.metrics.link_events.labels(record.name, record.spec.netdev)  # the series exists from 0
         await self._start_monitors()
+        await self._await_first_states(SETTLE_SECONDS)
         await self.registry.start()
         self.registry.put(f"hosts/{self.host}", self._host_record())
         for nic in self.nics.all_protos():
@@ -179,17 +182,25 @@ class Daemon:
     async def _start_monitors(self) -> None:
         cfg = self.config.monitors
         if cfg.netlink:
-            netlink = NetlinkMonitor(self.nics.netdevs())
-            await netlink.start(self.nics.link_changed)
+            netlink = NetlinkMonitor(self.nics.netdevs(), self.nics.link_changed)
             self._tasks.append(asyncio.create_task(netlink.run(), name="netlink"))
         if self._udev is not None:
-            self._tasks.append(asyncio.create_task(self._udev.run(self.nics.device_changed), name="udev"))
-        ports = [
-            (r.spec.device, r.spec.port) for r in self.nics.records.values() if r.spec.provider == "verbs"
-        ]
-        if cfg.rdma_sysfs and ports:
-            sysfs = RdmaSysfsMonitor(cfg.sysfs_root, ports, cfg.rdma_poll_seconds)
-            self._tasks.append(asyncio.create_task(sysfs.run(self.nics.port_changed), name="rdma-sysfs"))
+            self._tasks.append(asyncio.create_task(self._udev.run(), name="udev"))
+        verbs = [r.spec for r in self.nics.records.values() if r.spec.provider == "verbs"]
+        if cfg.rdma_sysfs and verbs:
+            ports = [(spec.device, spec.port) for spec in verbs]
+            sysfs = RdmaSysfsMonitor(cfg.sysfs_root, ports, cfg.rdma_poll_seconds, self.nics.port_changed)
+            self._tasks.append(asyncio.create_task(sysfs.run(), name="rdma-sysfs"))
+
+    async def _await_first_states(self, timeout: float) -> None:
+        """Give the monitors' first dump a moment, so the first answers already know the links."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(r.health.state != NicState.UNSPECIFIED for r in self.nics.records.values()):
+                return
+            await asyncio.sleep(0.01)
+        unknown = [name for name, r in self.nics.records.items() if r.health.state == NicState.UNSPECIFIED]
+        log.warning("no state yet for %s after %.1fs; serving anyway", ", ".join(unknown), timeout)
 
     async def _health_timer(self) -> None:
         """Wake the health machines when a hold-down ends (flap damping)."""
@@ -213,7 +224,7 @@ class Daemon:
         spec = record.spec
         nic_event = common_pb2.NicEvent(
             host=self.host,
-            device=spec.device,
+            device=record.name,
             netdev=spec.netdev,
             state=int(transition.state),
             previous_state=int(transition.previous),
@@ -222,19 +233,19 @@ class Daemon:
             monotonic_nanos=int(transition.at * 1e9),
         )
         self.bus.publish(admin_pb2.Event(nic=nic_event, time_unix_nanos=record.wall_last_change_ns))
-        self.metrics.set_nic(spec.device, spec.netdev, transition.state)
+        self.metrics.set_nic(record.name, spec.netdev, transition.state)
         self.metrics.nic_transitions.labels(
-            spec.device, transition.state.name.lower(), transition.reason
+            record.name, transition.state.name.lower(), transition.reason
         ).inc()
         self._sync_link_events(record)
-        self.registry.put(f"nics/{self.host}/{spec.device}", encode(self.nics.to_proto(spec.device)))
+        self.registry.put(f"nics/{self.host}/{record.name}", encode(self.nics.to_proto(record.name)))
         level = logging.WARNING if transition.state != NicState.UP else logging.INFO
-        log.log(level, "%s (%s): %s -> %s (%s)", spec.device, spec.netdev, transition.previous.name,
+        log.log(level, "%s (%s): %s -> %s (%s)", record.name, spec.netdev, transition.previous.name,
                 transition.state.name, transition.reason)  # fmt: skip
         self._wake.set()
 
     def _sync_link_events(self, record: NicRecord) -> None:
-        counter = self.metrics.link_events.labels(record.spec.device, record.spec.netdev)
+        counter = self.metrics.link_events.labels(record.name, record.spec.netdev)
         missing = record.health.link_events - counter._value.get()
         if missing > 0:
             counter.inc(missing)

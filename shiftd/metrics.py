@@ -9,10 +9,21 @@ import platform
 import threading
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    start_http_server,
+)
 
 from shiftd import __version__
 from shiftd.nic import NicState
+
+# node_exporter exposes no *_created series; neither do we (a process-wide prometheus_client switch).
+disable_created_metrics()
 
 DOWNTIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

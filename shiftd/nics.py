@@ -17,12 +17,18 @@ from shiftd.health import NicHealth, Transition
 from shiftd.nic import DeviceChange, FaultMode, LinkStatus, NicSpec, PortStatus
 
 
+def nic_name(device: str, port: int) -> str:
+    """How operators name a NIC: the device for port 1 (nearly every RNIC), DEVICE/PORT otherwise."""
+    return device if port == 1 else f"{device}/{port}"
+
+
 class UnknownDevice(KeyError):
     """A device name that this host does not have."""
 
 
 @dataclass
 class NicRecord:
+    name: str  # see nic_name
     spec: NicSpec
     health: NicHealth
     wall_last_change_ns: int = 0
@@ -38,9 +44,11 @@ class NicTable:
     ) -> None:
         self._clock = clock
         self._on_transition = on_transition
-        now = clock()
         self.records: dict[str, NicRecord] = {
-            spec.device: NicRecord(spec, NicHealth(spec, hold_down, now), time.time_ns()) for spec in specs
+            nic_name(spec.device, spec.port): NicRecord(
+                nic_name(spec.device, spec.port), spec, NicHealth(spec, hold_down), time.time_ns()
+            )
+            for spec in specs
         }
 
     @property
@@ -62,8 +70,8 @@ class NicTable:
                 self._apply(record, record.health.update_link(status, self._clock()))
 
     def port_changed(self, status: PortStatus) -> None:
-        record = self.records.get(status.device)
-        if record is not None and record.spec.port == status.port:
+        record = self.records.get(nic_name(status.device, status.port))
+        if record is not None:
             self._apply(record, record.health.update_port(status, self._clock()))
 
     def device_changed(self, change: DeviceChange) -> None:
@@ -99,7 +107,7 @@ class NicTable:
         port = health.port
         ipv4 = [a for a in (link.addresses if link else ()) if ":" not in a]
         return common_pb2.Nic(
-            device=record.spec.device,
+            device=device,
             netdev=record.spec.netdev,
             provider=record.spec.provider,
             state=int(health.state),

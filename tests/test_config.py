@@ -64,7 +64,7 @@ mlx5_1 = "ens2f0np0"
         ("[monitors]\nnetlink = 'yes'", "monitors.netlink: must be true or false"),
         ("log_level = 'loud'", "log_level: must be one of"),
         ("host = 'bad host'", "host: 'bad host' is not a valid host name"),
-        ("[devices]\nmlx5_0 = 'this-name-is-far-too-long'", "devices.mlx5_0: 'this-name-is-far-too-long' is not"),
+        ("[devices]\nmlx5_0 = 'name-far-too-long'", "devices.mlx5_0: 'name-far-too-long' is not a valid"),
         ("[devices]\nmlx5_0 = 'eth0'\nmlx5_1 = 'eth0'", "devices.mlx5_1: netdev 'eth0' is already used"),
         ("server = 3", "server: must be a table"),
         ("[etcd\n", "not valid TOML"),
@@ -89,7 +89,10 @@ def test_daemon_refuses_bad_config_with_one_line(tmp_path):
     path = tmp_path / "shiftd.toml"
     path.write_text("[etcd]\nlease_ttl_seconds = 'x'\n")
     result = subprocess.run(
-        [sys.executable, "-m", "shiftd.daemon", "--config", str(path)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "shiftd.daemon", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

@@ -1,0 +1,276 @@
+"""The lab fabric: hosts, rail switches and a management network, all network namespaces.
+
+Shaped like a rail-optimized GPU cluster: NIC r of every host plugs into rail switch r (a bridge
+in its own namespace), so rails are separate L2 networks; a management bridge carries etcd.
+Every veth pair is created directly across namespaces (one end in the host, its peer in the
+switch), so no link ever appears in the root namespace, not even when a step fails halfway.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import socket
+import struct
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from pyroute2 import IPRoute
+from pyroute2 import netns as pyroute2_netns
+from pyroute2.netlink.exceptions import NetlinkError
+
+from shiftd import netns
+
+BRIDGE = "br0"
+MGMT_NETDEV = "mgmt0"
+MGMT_GATEWAY = "198.19.0.1"  # the management bridge; etcd listens here
+PREFIXLEN = 24
+MGMT_RAIL_ID = 0xFF  # stands for the management network in MAC addresses
+MAX_HOSTS = 64
+MAX_NICS = 8
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
+# Strict ARP, as on real multi-rail RoCE hosts: a host answers ARP only on the NIC that owns the
+# address, so a packet forced out of one rail cannot reach a peer through another rail's address.
+HOST_SYSCTLS = {"net/ipv4/conf/all/arp_ignore": "1", "net/ipv4/conf/all/arp_announce": "2"}
+
+
+class FabricError(RuntimeError):
+    """A bad shape or a fabric that cannot be built; str() is one line for the operator."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A lab's size and, derived from it, every name and address in the fabric."""
+
+    name: str = "shift"
+    hosts: int = 2
+    nics: int = 2
+
+    def __post_init__(self) -> None:
+        if not NAME_RE.fullmatch(self.name):
+            raise FabricError(
+                f"lab name {self.name!r}: use 1-32 letters, digits, '-' or '_', starting with a letter"
+                " or digit"
+            )
+        if not 1 <= self.hosts <= MAX_HOSTS:
+            raise FabricError(f"--hosts must be between 1 and {MAX_HOSTS}, not {self.hosts}")
+        if not 1 <= self.nics <= MAX_NICS:
+            raise FabricError(f"--nics must be between 1 and {MAX_NICS}, not {self.nics}")
+
+    @property
+    def host_names(self) -> list[str]:
+        return [f"h{i}" for i in range(self.hosts)]
+
+    def host_ns(self, i: int) -> str:
+        return f"{self.name}-h{i}"
+
+    def rail_ns(self, r: int) -> str:
+        return f"{self.name}-rail{r}"
+
+    @property
+    def mgmt_ns(self) -> str:
+        return f"{self.name}-mgmt"
+
+    @property
+    def namespaces(self) -> list[str]:
+        hosts = [self.host_ns(i) for i in range(self.hosts)]
+        return [*hosts, *(self.rail_ns(r) for r in range(self.nics)), self.mgmt_ns]
+
+    @staticmethod
+    def netdev(r: int) -> str:
+        """Host netdev of rail r, named like a ConnectX port: ens1f0np0, ens2f0np0, ..."""
+        return f"ens{r + 1}f0np0"
+
+    @staticmethod
+    def rdma_device(r: int) -> str:
+        return f"mlx5_{r}"
+
+    @staticmethod
+    def rail_address(r: int, i: int) -> str:
+        return f"198.18.{r}.{10 + i}"
+
+    @staticmethod
+    def mgmt_address(i: int) -> str:
+        return f"198.19.0.{10 + i}"
+
+    def devices(self) -> dict[str, str]:
+        """RDMA device name -> netdev, the same on every host."""
+        return {self.rdma_device(r): self.netdev(r) for r in range(self.nics)}
+
+    def host_addresses(self, i: int) -> dict[str, str]:
+        """netdev -> address/prefix of host i."""
+        addresses = {self.netdev(r): f"{self.rail_address(r, i)}/{PREFIXLEN}" for r in range(self.nics)}
+        addresses[MGMT_NETDEV] = f"{self.mgmt_address(i)}/{PREFIXLEN}"
+        return addresses
+
+
+@dataclass(frozen=True)
+class Nic:
+    """A host end of a veth: its name, its MAC and its address."""
+
+    netdev: str
+    mac: str
+    address: str
+
+
+def _mac(rail: int, host: int) -> str:
+    """A fixed, locally administered MAC per (rail, host).
+
+    A re-created NIC keeps its MAC, so the peers' ARP caches stay right, as after a cable swap.
+    """
+    return f"02:53:48:{rail:02x}:{host >> 8:02x}:{host & 0xFF:02x}"
+
+
+def present(name: str) -> list[str]:
+    """The namespaces of lab `name` that exist now, whatever shape the lab was built with."""
+    pattern = re.compile(rf"{re.escape(name)}-(h\d+|rail\d+|mgmt)")
+    return [ns for ns in netns.names() if pattern.fullmatch(ns)]
+
+
+def build(shape: Shape) -> None:
+    """Create whatever part of the fabric is missing (so a second build reuses the first).
+
+    On failure the whole lab is removed: a half-built fabric only confuses the next attempt.
+    """
+    try:
+        _build(shape)
+    except BaseException:
+        destroy(shape.name)
+        raise
+
+
+def _build(shape: Shape) -> None:
+    for ns in shape.namespaces:
+        if not netns.exists(ns):
+            pyroute2_netns.create(ns)
+    with ExitStack() as stack:
+        ipr = {ns: stack.enter_context(IPRoute(netns=ns, flags=0)) for ns in shape.namespaces}
+        for sock in ipr.values():
+            sock.link("set", index=sock.link_lookup(ifname="lo")[0], state="up")
+        switches = [shape.rail_ns(r) for r in range(shape.nics)] + [shape.mgmt_ns]
+        for ns in switches:
+            _ensure_bridge(ipr[ns])
+        mgmt = ipr[shape.mgmt_ns]
+        _ensure_address(mgmt, mgmt.link_lookup(ifname=BRIDGE)[0], MGMT_GATEWAY)
+        for i in range(shape.hosts):
+            netns.run(shape.host_ns(i), _write_sysctls, HOST_SYSCTLS)
+            host = ipr[shape.host_ns(i)]
+            port = f"h{i}"
+            for r in range(shape.nics):
+                rail = shape.rail_ns(r)
+                nic = Nic(shape.netdev(r), _mac(r, i), shape.rail_address(r, i))
+                _ensure_nic(host, nic, ipr[rail], rail, port)
+            nic = Nic(MGMT_NETDEV, _mac(MGMT_RAIL_ID, i), shape.mgmt_address(i))
+            _ensure_nic(host, nic, mgmt, shape.mgmt_ns, port)
+
+
+def _write_sysctls(values: dict[str, str]) -> None:
+    """Write sysctls of the calling thread's namespace (/proc/sys/net follows the opener's netns)."""
+    for key, value in values.items():
+        with open(f"/proc/sys/{key}", "w") as f:
+            f.write(value)
+
+
+def _ensure_bridge(sock: IPRoute) -> None:
+    if not sock.link_lookup(ifname=BRIDGE):
+        sock.link("add", ifname=BRIDGE, kind="bridge")
+    sock.link("set", index=sock.link_lookup(ifname=BRIDGE)[0], state="up")
+
+
+def _ensure_nic(host: IPRoute, nic: Nic, switch: IPRoute, switch_ns: str, port: str) -> None:
+    """A veth from the host's NIC to bridge port `port` of the switch, addressed and up."""
+    if not host.link_lookup(ifname=nic.netdev):
+        for index in switch.link_lookup(ifname=port):  # a stale port whose host end is gone
+            switch.link("del", index=index)
+        peer = {"ifname": port, "net_ns_fd": switch_ns}
+        host.link("add", ifname=nic.netdev, address=nic.mac, kind="veth", peer=peer)
+    switch.link(
+        "set",
+        index=switch.link_lookup(ifname=port)[0],
+        master=switch.link_lookup(ifname=BRIDGE)[0],
+        state="up",
+    )
+    index = host.link_lookup(ifname=nic.netdev)[0]
+    _ensure_address(host, index, nic.address)
+    host.link("set", index=index, state="up")
+
+
+def _ensure_address(sock: IPRoute, index: int, address: str) -> None:
+    try:
+        sock.addr("add", index=index, address=address, prefixlen=PREFIXLEN)
+    except NetlinkError as exc:
+        if exc.code != errno.EEXIST:
+            raise
+
+
+def destroy(name: str) -> list[str]:
+    """Remove every namespace of lab `name` and every link in them; returns what was removed.
+
+    Links are deleted before the namespace is unmounted because a process still inside would keep
+    the namespace, and with it the links, alive.
+    """
+    removed = []
+    for ns in present(name):
+        try:
+            with IPRoute(netns=ns, flags=0) as sock:
+                for link in sock.get_links():
+                    if link.get("ifname") != "lo":
+                        _delete_link(sock, link["index"])
+        except FileNotFoundError:
+            continue
+        pyroute2_netns.remove(ns)
+        removed.append(ns)
+    return removed
+
+
+def _delete_link(sock: IPRoute, index: int) -> None:
+    try:
+        sock.link("del", index=index)
+    except NetlinkError as exc:
+        if exc.code != errno.ENODEV:  # already gone with its veth peer
+            raise
+
+
+def ping(ns: str, address: str, timeout: float = 1.0, device: str | None = None) -> bool:
+    """Send one ICMP echo from namespace `ns` (optionally only out of `device`) and wait for the reply.
+
+    The lab's reachability probe; a raw socket needs no ping binary, which lab machines may lack.
+    """
+    sock = netns.run(ns, socket.socket, socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    with sock:
+        if device:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device.encode())
+        ident, seq = int.from_bytes(os.urandom(2), "big"), 1
+        try:
+            sock.sendto(_echo_request(ident, seq), (address, 0))
+        except OSError:  # no route, or the device is down
+            return False
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            try:
+                data, (source, _) = sock.recvfrom(2048)
+            except TimeoutError:
+                return False
+            header = (data[0] & 0x0F) * 4
+            kind, _code, _sum, reply_ident, reply_seq = struct.unpack_from("!BBHHH", data, header)
+            if kind == 0 and source == address and (reply_ident, reply_seq) == (ident, seq):
+                return True
+        return False
+
+
+def _echo_request(ident: int, seq: int) -> bytes:
+    payload = b"shift-lab"
+    header = struct.pack("!BBHHH", 8, 0, 0, ident, seq)
+    return struct.pack("!BBHHH", 8, 0, _checksum(header + payload), ident, seq) + payload
+
+
+def _checksum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total = (total >> 16) + (total & 0xFFFF)
+    total += total >> 16
+    return ~total & 0xFFFF

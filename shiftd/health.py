@@ -1,0 +1,142 @@
+"""Per-NIC health: the monitors' signals in, UP/DOWN/DEGRADED out, with flap damping.
+
+A pure state machine (no I/O, no clock of its own): every input carries `now`, so the daemon
+drives it from its event loop and the tests from a fake clock. Going DOWN is immediate because
+that is what lets libshift fail over before the transport's retry timeout; coming back is
+damped, because failing back onto a link that bounces costs more than staying on the backup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PortStatus
+
+FAULT_REASONS = {
+    FaultMode.DOWN: "operator_down",
+    FaultMode.BLACKHOLE: "operator_blackhole",
+    FaultMode.FLAP: "operator_flap",
+}
+# RDMA port states in which the port carries traffic; DOWN/NOP are unusable, the rest
+# (INIT, ARMED) mean the link trained but the port is not ready: DEGRADED.
+ACTIVE_PORT_STATES = ("ACTIVE", "ACTIVE_DEFER")
+DOWN_PORT_STATES = ("DOWN", "NOP")
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A change of a NIC's state; `at` is the `now` of the input that caused it."""
+
+    device: str
+    previous: NicState
+    state: NicState
+    reason: str
+    at: float
+
+
+class NicHealth:
+    """The health of one NIC.
+
+    Starts UNSPECIFIED and decides as soon as it knows enough: DOWN on the first unusable
+    signal, otherwise UP (or DEGRADED) once every signal the NIC has is known (the link when it
+    has a netdev, the RDMA port when it is a verbs device). Only state changes produce a
+    Transition; `reason` always tells the current cause, including while DOWN in hold-down.
+    """
+
+    def __init__(self, spec: NicSpec, hold_down_seconds: float) -> None:
+        self.spec = spec
+        self.hold_down_seconds = hold_down_seconds
+        self.state = NicState.UNSPECIFIED
+        self.reason = ""
+        self.link: LinkStatus | None = None
+        self.port: PortStatus | None = None
+        self.present = True
+        self.fault = FaultMode.NONE
+        self.link_events = 0  # flips of the link between usable and unusable, for metrics
+        self.last_change: float | None = None  # `now` of the last state change
+        self._hold_until: float | None = None
+
+    # inputs
+
+    def update_link(self, link: LinkStatus, now: float) -> Transition | None:
+        """A netlink report for this NIC's netdev."""
+        if self.link is not None and self.link.usable != link.usable:
+            self.link_events += 1
+        self.link = link
+        return self._evaluate(now)
+
+    def update_port(self, port: PortStatus, now: float) -> Transition | None:
+        """A sysfs report for this NIC's RDMA port."""
+        self.port = port
+        return self._evaluate(now)
+
+    def set_present(self, present: bool, now: float) -> Transition | None:
+        """The device was removed (udev remove) or came back (udev add)."""
+        self.present = present
+        return self._evaluate(now)
+
+    def set_fault(self, fault: FaultMode, now: float) -> Transition | None:
+        """An operator's fault: any mode but NONE holds the NIC DOWN until cleared."""
+        self.fault = fault
+        return self._evaluate(now)
+
+    def tick(self, now: float) -> Transition | None:
+        """Let timers fire: call at next_deadline() (a late call is fine)."""
+        return self._evaluate(now)
+
+    def next_deadline(self) -> float | None:
+        """When tick() may change the state (the end of the hold-down), or None."""
+        return self._hold_until
+
+    # decisions
+
+    def _evaluate(self, now: float) -> Transition | None:
+        problem = self._problem()
+        if problem is not None:
+            self._hold_until = None
+            return self._move(NicState.DOWN, problem, now)
+        if self._waiting_for_signals():
+            return None
+        degraded = self.port is not None and self.port.state not in ACTIVE_PORT_STATES
+        target = NicState.DEGRADED if degraded else NicState.UP
+        if self.state is not NicState.DOWN:
+            return self._move(target, "port_not_active" if degraded else "up", now)
+        if self._hold_until is None:
+            self._hold_until = now + self.hold_down_seconds
+        if now < self._hold_until:
+            self.reason = "hold_down"
+            return None
+        self._hold_until = None
+        return self._move(target, "port_not_active" if degraded else "recovered", now)
+
+    def _problem(self) -> str | None:
+        """Why the NIC cannot carry traffic now, most fundamental cause first; None if it can."""
+        if self.fault is not FaultMode.NONE:
+            return FAULT_REASONS[self.fault]
+        if not self.present:
+            return "device_removed"
+        link = self.link
+        if link is not None:
+            if not link.present:
+                return "netdev_removed"
+            if not link.admin_up:
+                return "admin_down"
+            if not link.carrier:
+                return "carrier_lost"
+            if not link.usable:
+                return "oper_down"
+        if self.port is not None and self.port.state in DOWN_PORT_STATES:
+            return "port_down"
+        return None
+
+    def _waiting_for_signals(self) -> bool:
+        needs_link = bool(self.spec.netdev) and self.link is None
+        needs_port = self.spec.provider == "verbs" and self.port is None
+        return needs_link or needs_port
+
+    def _move(self, state: NicState, reason: str, now: float) -> Transition | None:
+        self.reason = reason
+        if state is self.state:
+            return None
+        previous, self.state, self.last_change = self.state, state, now
+        return Transition(self.spec.device, previous, state, reason, now)

@@ -1,0 +1,112 @@
+"""Which NICs shiftd watches: RDMA ports found in sysfs, plus tcp devices from the config.
+
+The sysfs layout is the one the kernel's ib_core exposes (see tests/fixtures/sysfs):
+class/infiniband/DEV/ports/N/{state,phys_state,link_layer,counters/link_downed} and the
+port's netdev in gid_attrs/ndevs/* (RoCE) or, failing that, DEV/device/net/* (IPoIB).
+The sysfs root is configurable so the same code reads a fixture tree in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from shiftd.config import Config
+from shiftd.nic import NicSpec, PortStatus
+
+
+class InventoryError(ValueError):
+    """The NICs cannot be listed as configured; str() is the one line for the operator."""
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    """One port of an RDMA device as sysfs shows it: for display and for the initial state."""
+
+    device: str
+    port: int
+    netdev: str  # "" when the port has no network interface (InfiniBand without IPoIB)
+    link_layer: str  # "Ethernet" (RoCE) or "InfiniBand"
+    status: PortStatus
+
+
+@dataclass(frozen=True)
+class Inventory:
+    nics: tuple[NicSpec, ...]
+    rdma_ports: tuple[RdmaPort, ...]
+
+
+def scan(config: Config) -> Inventory:
+    """Every RDMA port under config.monitors.sysfs_root, then the config's tcp devices."""
+    ports = rdma_ports(Path(config.monitors.sysfs_root))
+    found = {p.device for p in ports}
+    for device in config.devices:
+        if device in found:
+            raise InventoryError(
+                f"devices.{device}: a tcp device cannot take the name of the RDMA device {device} "
+                "found in sysfs; choose another name"
+            )
+    nics = [NicSpec(p.device, p.netdev, "verbs", p.port) for p in ports]
+    nics += [NicSpec(device, netdev, "tcp") for device, netdev in config.devices.items()]
+    return Inventory(tuple(nics), tuple(ports))
+
+
+def rdma_ports(sysfs_root: Path) -> list[RdmaPort]:
+    """The ports of every device in class/infiniband, sorted by device and port."""
+    ports: list[RdmaPort] = []
+    for dev_dir in sorted((sysfs_root / "class" / "infiniband").glob("*")):
+        for number in sorted(_numbered(dev_dir / "ports")):
+            status = port_status(sysfs_root, dev_dir.name, number)
+            if status is None:
+                continue  # vanished while we looked
+            link_layer = _read(dev_dir / "ports" / str(number) / "link_layer")
+            ports.append(RdmaPort(dev_dir.name, number, _port_netdev(dev_dir, number), link_layer, status))
+    return ports
+
+
+def port_status(sysfs_root: Path, device: str, port: int) -> PortStatus | None:
+    """The port's state now, or None when the port is not there (device removed)."""
+    port_dir = sysfs_root / "class" / "infiniband" / device / "ports" / str(port)
+    state = _read(port_dir / "state")
+    if not state:
+        return None
+    downed = _read(port_dir / "counters" / "link_downed")
+    return PortStatus(
+        device=device,
+        port=port,
+        state=_label(state),
+        phys_state=_label(_read(port_dir / "phys_state")),
+        link_downed=int(downed) if downed.isdigit() else 0,
+    )
+
+
+def _port_netdev(dev_dir: Path, port: int) -> str:
+    """The GID table names the port's netdev (lowest index: the default GID); IPoIB has none there."""
+    ndevs = dev_dir / "ports" / str(port) / "gid_attrs" / "ndevs"
+    for index in sorted(_numbered(ndevs)):
+        if name := _read(ndevs / str(index)):
+            return name
+    candidates = sorted((dev_dir / "device" / "net").glob("*"))
+    for net in candidates:  # a multi-port function tells its netdevs apart by dev_port (0-based)
+        if _read(net / "dev_port") == str(port - 1):
+            return net.name
+    return candidates[0].name if candidates else ""
+
+
+def _label(text: str) -> str:
+    """sysfs writes states as "4: ACTIVE" / "5: LinkUp"; keep the word."""
+    return text.partition(":")[2].strip() if ":" in text else text
+
+
+def _numbered(directory: Path) -> list[int]:
+    """The numeric entries of a directory (ports, GID indices); none when it is absent."""
+    return [int(p.name) for p in directory.glob("*") if p.name.isdigit()]
+
+
+def _read(path: Path) -> str:
+    """A sysfs attribute's text, or "" when absent or unreadable (the kernel answers EINVAL for
+    unused GID entries)."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""

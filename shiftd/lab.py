@@ -1,0 +1,622 @@
+"""`shift-lab`: a lab of hosts as network namespaces, with one etcd and one shiftd per host.
+
+`up` builds the fabric (shiftd.fabric), writes each host's shiftd config, starts etcd in the
+management namespace and a shiftd in every host namespace, detached, and records them in
+/run/shift-lab/NAME/state.json. That record is what lets `status`, `exec` and `down`, run later
+from any shell, act on exactly the processes `up` started: by PID checked against the kernel's
+start time, so a recycled PID is never signalled. The CLI and the tests share the `Lab` class.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyroute2.netlink.exceptions import NetlinkError
+
+from shiftd import fabric, netns
+from shiftd.etcdproc import EtcdError, EtcdProcess
+from shiftd.fabric import FabricError, Shape
+
+RUN_ROOT = Path("/run/shift-lab")
+DEFAULT_NAME = "shift"
+ETCD_PORT = 2379
+ETCD_PEER_PORT = 2380
+METRICS_PORT = 9477
+SHIFTD_ENV = "SHIFT_LAB_SHIFTD"  # overrides the daemon command, e.g. for a stand-in
+READY_TIMEOUT = 20.0
+STOP_TIMEOUT = 5.0
+
+
+class LabError(RuntimeError):
+    """A lab operation cannot proceed; str() is one line for the operator."""
+
+
+@dataclass(frozen=True)
+class Pid:
+    """A process the lab started: its PID and the kernel's start time for it (/proc/PID/stat)."""
+
+    pid: int
+    start: int
+
+    @classmethod
+    def of(cls, pid: int) -> Pid:
+        stat = _proc_stat(pid)
+        return cls(pid, stat[1] if stat else -1)
+
+    def alive(self) -> bool:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, os.WNOHANG)  # reap it if it is our own dead child
+        stat = _proc_stat(self.pid)
+        return stat is not None and stat[1] == self.start and stat[0] != "Z"
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time) of a process, or None when there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text.rpartition(")")[2].split()
+    return fields[0], int(fields[19])
+
+
+def stop(pids: Sequence[Pid], timeout: float) -> None:
+    """SIGTERM the live ones, wait up to `timeout`, then SIGKILL whatever is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        live = [p for p in pids if p.alive()]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, sig)
+        deadline = time.monotonic() + timeout
+        while any(p.alive() for p in live) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+class Lab:
+    """One lab: its shape, where its files live, and the processes it started."""
+
+    def __init__(
+        self,
+        name: str = DEFAULT_NAME,
+        hosts: int = 2,
+        nics: int = 2,
+        *,
+        shiftd_cmd: Sequence[str] | None = None,
+        run_root: Path = RUN_ROOT,
+        ready_timeout: float = READY_TIMEOUT,
+    ) -> None:
+        self.shape = Shape(name, hosts, nics)
+        self.run_root = Path(run_root)
+        self.shiftd_cmd = list(shiftd_cmd) if shiftd_cmd is not None else None
+        self.ready_timeout = ready_timeout
+        self._pids: dict[str, Pid] = {}
+
+    @classmethod
+    def existing(cls, name: str = DEFAULT_NAME, run_root: Path = RUN_ROOT) -> Lab:
+        """The lab `up` recorded under `name`, with the shape it was built with."""
+        state = _read_json(Path(run_root) / name / "state.json")
+        if state is None:
+            raise LabError(f"lab {name!r} is not up; start it with: shift-lab up{_name_flag(name)}")
+        return cls(name, state["hosts"], state["nics"], run_root=run_root)
+
+    # names and paths
+
+    @property
+    def name(self) -> str:
+        return self.shape.name
+
+    @property
+    def state_dir(self) -> Path:
+        return self.run_root / self.name
+
+    @property
+    def state_path(self) -> Path:
+        return self.state_dir / "state.json"
+
+    @property
+    def host_names(self) -> list[str]:
+        return self.shape.host_names
+
+    @property
+    def namespaces(self) -> list[str]:
+        return self.shape.namespaces
+
+    @property
+    def etcd_endpoint(self) -> str:
+        return f"{fabric.MGMT_GATEWAY}:{ETCD_PORT}"
+
+    @property
+    def etcd_log(self) -> Path:
+        return self.state_dir / "etcd.log"
+
+    def index(self, host: str) -> int:
+        if host not in self.host_names:
+            hosts = ", ".join(self.host_names)
+            raise LabError(f"no host {host!r} in lab {self.name!r} (hosts: {hosts})")
+        return self.host_names.index(host)
+
+    def namespace(self, host: str) -> str:
+        return self.shape.host_ns(self.index(host))
+
+    def host_dir(self, host: str) -> Path:
+        self.index(host)
+        return self.state_dir / host
+
+    def socket(self, host: str) -> Path:
+        return self.host_dir(host) / "shiftd.sock"
+
+    def config_path(self, host: str) -> Path:
+        return self.host_dir(host) / "shiftd.toml"
+
+    def log_path(self, host: str) -> Path:
+        return self.host_dir(host) / "shiftd.log"
+
+    @property
+    def sockets(self) -> dict[str, Path]:
+        return {h: self.socket(h) for h in self.host_names}
+
+    @property
+    def configs(self) -> dict[str, Path]:
+        return {h: self.config_path(h) for h in self.host_names}
+
+    def host_env(self, host: str) -> dict[str, str]:
+        """The environment of a host's processes: its socket and config, and this venv's tools."""
+        return {
+            **os.environ,
+            "PATH": _tool_path(),
+            "SHIFT_HOST": host,
+            "SHIFT_SOCKET": str(self.socket(host)),
+            "SHIFT_CONFIG": str(self.config_path(host)),
+        }
+
+    def config_text(self, host: str) -> str:
+        """The shiftd config of `host` (schema: shiftd/config.py)."""
+        i = self.index(host)
+        devices = "\n".join(f'{dev} = "{netdev}"' for dev, netdev in self.shape.devices().items())
+        return (
+            f"# written by shift-lab for lab {self.name!r}; rewritten by every `shift-lab up`\n"
+            f'host = "{host}"\n\n'
+            f'[server]\nsocket = "{self.socket(host)}"\n\n'
+            f'[etcd]\nendpoints = ["{self.etcd_endpoint}"]\n\n'
+            f'[metrics]\nlisten = "{self.shape.mgmt_address(i)}:{METRICS_PORT}"\n\n'
+            "[health]\nhold_down_seconds = 1.0\n\n"
+            f"[devices]\n{devices}\n"
+        )
+
+    # operations
+
+    def up(self) -> None:
+        """Build what is missing and start what is not running; on failure remove all but the logs."""
+        _require_root()
+        with self._locked():
+            self._load_pids()
+            self._check_shape()
+            try:
+                fabric.build(self.shape)
+                for host in self.host_names:
+                    self.host_dir(host).mkdir(parents=True, exist_ok=True)
+                    self.config_path(host).write_text(self.config_text(host))
+                self._save()
+                self._ensure_etcd()
+                self._ensure_daemons()
+            except BaseException:
+                self._teardown(keep_logs=True)
+                raise
+
+    def down(self) -> list[str]:
+        """Stop the lab's processes, delete its namespaces and links and its state; says what it did."""
+        _require_root()
+        with self._locked():
+            try:
+                self._load_pids()
+            except LabError as exc:  # down is the way out of a corrupt lab, so it must not stop here
+                return [f"warning: {exc}; its processes were not stopped", *self._teardown(keep_logs=False)]
+            return self._teardown(keep_logs=False)
+
+    def status(self) -> dict[str, Any]:
+        """Shape, namespaces present, each process alive or dead, sockets and addresses."""
+        state = _read_json(self.state_path)
+        pids = _pids_from(state)
+        present = fabric.present(self.name)
+        namespaces = {ns: ns in present for ns in sorted({*self.namespaces, *present})}
+        etcd = {
+            "endpoint": self.etcd_endpoint,
+            "namespace": self.shape.mgmt_ns,
+            "log": str(self.etcd_log),
+            **_process_status(pids.get("etcd")),
+        }
+        hosts = {h: self._host_status(h, pids.get(h)) for h in self.host_names}
+        processes = [etcd, *hosts.values()]
+        return {
+            "name": self.name,
+            "up": state is not None,
+            "healthy": state is not None and all(namespaces.values()) and all(p["alive"] for p in processes),
+            "shape": {"hosts": self.shape.hosts, "nics": self.shape.nics},
+            "state_dir": str(self.state_dir),
+            "namespaces": namespaces,
+            "etcd": etcd,
+            "hosts": hosts,
+        }
+
+    def exec_command(self, host: str, argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+        """argv and environment that run `argv` inside `host`'s namespace, aimed at its shiftd."""
+        ns = self.namespace(host)
+        if not argv:
+            raise LabError(
+                f"nothing to run: give a command after --, e.g. shift-lab exec {host} -- shiftctl nics"
+            )
+        if not netns.exists(ns):
+            raise LabError(f"namespace {ns} is missing; run: shift-lab up{_name_flag(self.name)}")
+        return netns.command(ns, argv), self.host_env(host)
+
+    # internals
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Serialise up/down of all labs on this machine (two `up`s must not race on one fabric)."""
+        self.run_root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.run_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _load_pids(self) -> None:
+        self._pids = _pids_from(_read_json(self.state_path))
+
+    def _check_shape(self) -> None:
+        state = _read_json(self.state_path)
+        down = f"shift-lab down{_name_flag(self.name)}"
+        if state and (state["hosts"], state["nics"]) != (self.shape.hosts, self.shape.nics):
+            raise LabError(
+                f"lab {self.name!r} is up with {state['hosts']} hosts x {state['nics']} NICs;"
+                f" run `{down}` first to change its shape"
+            )
+        stray = sorted(set(fabric.present(self.name)) - set(self.namespaces))
+        if stray:
+            raise LabError(
+                f"lab {self.name!r} has namespaces of another shape ({', '.join(stray)}); run `{down}`"
+            )
+
+    def _save(self) -> None:
+        state = {
+            "name": self.name,
+            "hosts": self.shape.hosts,
+            "nics": self.shape.nics,
+            "pids": {key: {"pid": p.pid, "start": p.start} for key, p in self._pids.items()},
+            "etcd": {
+                "endpoint": self.etcd_endpoint,
+                "namespace": self.shape.mgmt_ns,
+                "log": str(self.etcd_log),
+            },
+            "shiftd": {h: self._host_record(h) for h in self.host_names},
+        }
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        os.replace(tmp, self.state_path)
+
+    def _host_record(self, host: str) -> dict[str, Any]:
+        i = self.index(host)
+        return {
+            "namespace": self.namespace(host),
+            "socket": str(self.socket(host)),
+            "config": str(self.config_path(host)),
+            "log": str(self.log_path(host)),
+            "metrics": f"{self.shape.mgmt_address(i)}:{METRICS_PORT}",
+            "devices": self.shape.devices(),
+            "addresses": self.shape.host_addresses(i),
+        }
+
+    def _host_status(self, host: str, pid: Pid | None) -> dict[str, Any]:
+        return {**self._host_record(host), **_process_status(pid)}
+
+    def _ensure_etcd(self) -> None:
+        pid = self._pids.get("etcd")
+        if pid and pid.alive():
+            return
+        member = EtcdProcess(
+            data_dir=self.state_dir / "etcd",
+            name=self.name,
+            client_host=fabric.MGMT_GATEWAY,
+            client_port=ETCD_PORT,
+            peer_port=ETCD_PEER_PORT,
+            netns=self.shape.mgmt_ns,
+            log_path=self.etcd_log,
+        )
+        try:
+            member.start()
+        finally:
+            if member.proc is not None:
+                self._pids["etcd"] = Pid.of(member.proc.pid)
+                self._save()
+
+    def _ensure_daemons(self) -> None:
+        started: dict[str, subprocess.Popen[bytes]] = {}
+        for host in self.host_names:
+            pid = self._pids.get(host)
+            if pid is None or not pid.alive():
+                started[host] = self._spawn_shiftd(host)
+                self._pids[host] = Pid.of(started[host].pid)
+                self._save()
+        for host, proc in started.items():
+            self._wait_ready(host, proc)
+
+    def _shiftd_argv(self) -> list[str]:
+        if self.shiftd_cmd is not None:
+            cmd = self.shiftd_cmd
+        elif os.environ.get(SHIFTD_ENV):
+            cmd = shlex.split(os.environ[SHIFTD_ENV])
+        else:
+            cmd = ["shiftd"]
+        exe = shutil.which(cmd[0], path=_tool_path()) if cmd else None
+        if exe is None:
+            raise LabError(f"shiftd command not found: {shlex.join(cmd)!r} (set {SHIFTD_ENV} to override)")
+        return [exe, *cmd[1:]]
+
+    def _spawn_shiftd(self, host: str) -> subprocess.Popen[bytes]:
+        argv = netns.command(
+            self.namespace(host), [*self._shiftd_argv(), "--config", str(self.config_path(host))]
+        )
+        with open(self.log_path(host), "ab") as log:
+            return subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=self.host_env(host),
+                start_new_session=True,
+            )
+
+    def _wait_ready(self, host: str, proc: subprocess.Popen[bytes]) -> None:
+        """Wait until the daemon's socket accepts a connection, pointing at its log when it does not."""
+        path, log = self.socket(host), self.log_path(host)
+        deadline = time.monotonic() + self.ready_timeout
+        while not _accepts(path):
+            if proc.poll() is not None:
+                raise LabError(f"shiftd on {host} exited with status {proc.returncode}; see {log}")
+            if time.monotonic() > deadline:
+                raise LabError(
+                    f"shiftd on {host} did not accept connections on {path} within {self.ready_timeout:g}s;"
+                    f" see {log}"
+                )
+            time.sleep(0.05)
+
+    def _teardown(self, keep_logs: bool) -> list[str]:
+        done = []
+        daemons = [(k, p) for k, p in self._pids.items() if k != "etcd"]
+        etcd = [(k, p) for k, p in self._pids.items() if k == "etcd"]
+        for group in (daemons, etcd):  # daemons first: they still talk to etcd while stopping
+            live = [(k, p) for k, p in group if p.alive()]
+            stop([p for _, p in live], STOP_TIMEOUT)
+            done += [f"stopped {'shiftd on ' if k != 'etcd' else ''}{k} (pid {p.pid})" for k, p in live]
+        self._pids = {}
+        done += [f"removed namespace {ns}" for ns in fabric.destroy(self.name)]
+        if self.state_dir.exists():
+            _discard(self.state_dir, keep_logs)
+            done.append(
+                f"removed {self.state_dir}" if not keep_logs else f"kept the logs in {self.state_dir}"
+            )
+        return done
+
+
+def _process_status(pid: Pid | None) -> dict[str, Any]:
+    return {"pid": pid.pid if pid else None, "alive": bool(pid and pid.alive())}
+
+
+def _pids_from(state: dict[str, Any] | None) -> dict[str, Pid]:
+    if not state:
+        return {}
+    return {key: Pid(rec["pid"], rec["start"]) for key, rec in state.get("pids", {}).items()}
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as exc:
+        raise LabError(f"{path}: unreadable ({exc})") from None
+
+
+def _discard(state_dir: Path, keep_logs: bool) -> None:
+    """Remove the state directory, or everything in it but the logs (a failed `up` points at them)."""
+    if not keep_logs:
+        shutil.rmtree(state_dir, ignore_errors=True)
+        return
+    for path in sorted(state_dir.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_dir():
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only when empty: it may hold a log
+        elif path.suffix != ".log":
+            path.unlink(missing_ok=True)
+
+
+def _accepts(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+        return True
+
+
+def _tool_path() -> str:
+    """PATH with this interpreter's bin first, so shiftd and shiftctl of this venv are found."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError("must run as root: network namespaces need CAP_NET_ADMIN and CAP_SYS_ADMIN (try sudo)")
+
+
+def _name_flag(name: str) -> str:
+    return "" if name == DEFAULT_NAME else f" --name {name}"
+
+
+# the command line
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    lab = Lab(args.name, args.hosts, args.nics)
+    lab.up()
+    print(_describe(lab))
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    done = Lab(args.name).down()
+    print("\n".join(done) if done else f"lab {args.name!r} is not up; nothing to do")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    try:
+        lab = Lab.existing(args.name)
+    except LabError:  # not up: status still reports leftovers, and an unreadable state again
+        lab = Lab(args.name)
+    status = lab.status()
+    if args.json:
+        print(json.dumps(status, indent=2))
+    elif not status["up"]:
+        leftovers = [ns for ns, ok in status["namespaces"].items() if ok]
+        extra = f" (leftover namespaces: {', '.join(leftovers)}; run shift-lab down)" if leftovers else ""
+        print(f"lab {args.name!r} is not up{extra}")
+    else:
+        print(_format_status(status))
+    return 0 if status["healthy"] else 1
+
+
+def _cmd_exec(args: argparse.Namespace) -> int:
+    _require_root()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    argv, env = Lab.existing(args.name).exec_command(args.host, command)
+    sys.stdout.flush()
+    os.execvpe(argv[0], argv, env)  # replaces this process, so CMD's exit status is ours
+
+
+def _describe(lab: Lab) -> str:
+    flag = _name_flag(lab.name)
+    lines = [
+        f"lab {lab.name!r} is up: {lab.shape.hosts} hosts x {lab.shape.nics} NICs (state in {lab.state_dir})",
+        f"  etcd  {lab.etcd_endpoint} in namespace {lab.shape.mgmt_ns}",
+    ]
+    for host in lab.host_names:
+        lines.append(f"  {host:<5} namespace {lab.namespace(host)}, socket {lab.socket(host)}")
+    lines += [
+        "try:",
+        f"  shift-lab exec{flag} h0 -- shiftctl nics",
+        f"  shift-lab status{flag}",
+        f"  shift-lab down{flag}",
+    ]
+    return "\n".join(lines)
+
+
+def _format_status(status: dict[str, Any]) -> str:
+    def alive(rec: dict[str, Any]) -> str:
+        return f"pid {rec['pid']} alive" if rec["alive"] else f"DEAD (pid {rec['pid']})"
+
+    shape = status["shape"]
+    health = "healthy" if status["healthy"] else "DEGRADED"
+    lines = [f"lab {status['name']!r}: {shape['hosts']} hosts x {shape['nics']} NICs, {health}"]
+    namespaces = [f"{ns}{'' if ok else ' MISSING'}" for ns, ok in status["namespaces"].items()]
+    lines.append(f"  namespaces: {', '.join(namespaces)}")
+    etcd = status["etcd"]
+    lines.append(f"  etcd   {etcd['endpoint']} ({etcd['namespace']}): {alive(etcd)}")
+    for host, rec in status["hosts"].items():
+        lines.append(f"  {host:<6} shiftd {alive(rec)}, socket {rec['socket']}")
+        nics = [f"{dev}={netdev} {rec['addresses'][netdev]}" for dev, netdev in rec["devices"].items()]
+        lines.append(f"         {', '.join(nics)}, mgmt0 {rec['addresses'][fabric.MGMT_NETDEV]}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shift-lab",
+        description="A lab fabric for SHIFT: hosts as network namespaces with veth NICs on rail switches, "
+        "etcd on a management network, and one shiftd per host. Needs root.",
+    )
+    sub = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+
+    def add(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=description)
+        p.add_argument("--name", default=DEFAULT_NAME, help=f"lab name (default {DEFAULT_NAME})")
+        return p
+
+    up = add(
+        "up",
+        "build the fabric and start etcd and the daemons",
+        "Build hosts NAME-h0.. with NICs ens1f0np0.. (RDMA names mlx5_0..) on rail switches NAME-rail0.., "
+        "a management network NAME-mgmt with etcd on 198.19.0.1:2379, and start one shiftd per host. "
+        "Host i has 198.18.R.(10+i)/24 on rail R and 198.19.0.(10+i)/24 on mgmt0. "
+        "Running it again reuses a lab of the same shape and restarts dead processes. "
+        f"{SHIFTD_ENV} overrides the daemon command.",
+    )
+    up.add_argument("--hosts", type=int, default=2, help="number of hosts (default 2)")
+    up.add_argument("--nics", type=int, default=2, help="NICs per host, one rail each (default 2)")
+    up.set_defaults(func=_cmd_up)
+
+    down = add(
+        "down",
+        "stop the processes and remove the lab",
+        "Stop the processes `up` started (SIGTERM, then SIGKILL), delete every namespace and link of the "
+        "lab and its state directory. Safe to repeat, and after a failed `up`.",
+    )
+    down.set_defaults(func=_cmd_down)
+
+    status = add(
+        "status",
+        "show the lab's shape, namespaces, processes and addresses",
+        "Show the shape, which namespaces exist, whether each process is alive, sockets and addresses. "
+        "Exits 0 when the lab is up and healthy, 1 otherwise.",
+    )
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(func=_cmd_status)
+
+    run = add(
+        "exec",
+        "run a command inside a host's namespace",
+        "Run CMD inside HOST's namespace with SHIFT_SOCKET, SHIFT_CONFIG and SHIFT_HOST set for that host's "
+        "shiftd; exits with CMD's status. Example: shift-lab exec h0 -- shiftctl nics",
+    )
+    run.add_argument("host", metavar="HOST", help="h0, h1, ...")
+    run.add_argument(
+        "command", metavar="-- CMD", nargs=argparse.REMAINDER, help="the command and its arguments"
+    )
+    run.set_defaults(func=_cmd_exec)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (LabError, FabricError, EtcdError, netns.NetnsError, OSError) as exc:
+        print(f"shift-lab: {exc}", file=sys.stderr)
+    except NetlinkError as exc:
+        print(f"shift-lab: netlink error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("shift-lab: interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The lab fabric on real namespaces, veths and bridges: shape, addresses, reachability, isolation.
+
+Lab names start with `lbt` plus the test process id, so parallel runs and other suites never
+collide; every test removes what it built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from pyroute2 import IPRoute
+
+from shiftd import fabric, netns
+from shiftd.fabric import FabricError, Shape
+
+pytestmark = pytest.mark.lab
+
+
+def root_links() -> set[str]:
+    with IPRoute() as ipr:
+        return {link.get("ifname") for link in ipr.get_links()}
+
+
+def links(ns: str) -> dict[str, dict]:
+    with IPRoute(netns=ns, flags=0) as ipr:
+        return {link.get("ifname"): link for link in ipr.get_links()}
+
+
+def addresses(ns: str) -> dict[str, set[str]]:
+    """netdev -> {"a.b.c.d/len"} of the IPv4 addresses in `ns`."""
+    with IPRoute(netns=ns, flags=0) as ipr:
+        names = {link["index"]: link.get("ifname") for link in ipr.get_links()}
+        found: dict[str, set[str]] = {}
+        for addr in ipr.get_addr(family=2):
+            found.setdefault(names[addr["index"]], set()).add(f"{addr.get('address')}/{addr['prefixlen']}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Shape]:
+    shape = Shape(f"lbt{os.getpid()}", hosts=2, nics=2)
+    before = root_links()
+    fabric.build(shape)
+    try:
+        yield shape
+    finally:
+        fabric.destroy(shape.name)
+    assert root_links() == before
+
+
+def test_every_namespace_exists(lab: Shape) -> None:
+    expected = [
+        f"{lab.name}-h0",
+        f"{lab.name}-h1",
+        f"{lab.name}-rail0",
+        f"{lab.name}-rail1",
+        f"{lab.name}-mgmt",
+    ]
+    assert lab.namespaces == expected
+    assert sorted(fabric.present(lab.name)) == sorted(expected)
+
+
+def test_hosts_have_named_nics_with_their_addresses(lab: Shape) -> None:
+    for i in range(2):
+        found = addresses(lab.host_ns(i))
+        assert found["ens1f0np0"] == {f"198.18.0.{10 + i}/24"}
+        assert found["ens2f0np0"] == {f"198.18.1.{10 + i}/24"}
+        assert found["mgmt0"] == {f"198.19.0.{10 + i}/24"}
+        assert found["lo"] == {"127.0.0.1/8"}
+        host_links = links(lab.host_ns(i))
+        assert set(host_links) == {"lo", "ens1f0np0", "ens2f0np0", "mgmt0"}
+        assert all(link["flags"] & 1 for link in host_links.values()), "every link, lo included, is up"
+        assert host_links["ens2f0np0"].get("address") == f"02:53:48:01:00:{i:02x}", "fixed MACs"
+    assert lab.devices() == {"mlx5_0": "ens1f0np0", "mlx5_1": "ens2f0np0"}
+    assert addresses(lab.mgmt_ns)["br0"] == {"198.19.0.1/24"}
+
+
+def test_each_rail_switch_is_a_bridge_with_one_port_per_host(lab: Shape) -> None:
+    for ns in [lab.rail_ns(0), lab.rail_ns(1), lab.mgmt_ns]:
+        switch = links(ns)
+        bridge = switch["br0"]["index"]
+        ports = {name for name, link in switch.items() if link.get("master") == bridge}
+        assert ports == {"h0", "h1"}
+        assert "lo" in switch and all(link["flags"] & 1 for link in switch.values())
+
+
+def test_hosts_reach_each_other_on_every_rail_and_over_management(lab: Shape) -> None:
+    for r in range(2):
+        device = lab.netdev(r)
+        assert fabric.ping(lab.host_ns(0), lab.rail_address(r, 1), device=device, timeout=2.0)
+        assert fabric.ping(lab.host_ns(1), lab.rail_address(r, 0), device=device, timeout=2.0)
+    assert fabric.ping(lab.host_ns(0), lab.mgmt_address(1), timeout=2.0)
+    assert fabric.ping(lab.host_ns(1), fabric.MGMT_GATEWAY, timeout=2.0)
+
+
+def test_rails_are_isolated_from_each_other(lab: Shape) -> None:
+    # Forced out of rail 0 towards h1's rail-1 address: only a link between the rails could answer.
+    assert not fabric.ping(lab.host_ns(0), lab.rail_address(1, 1), device=lab.netdev(0), timeout=0.5)
+    assert not fabric.ping(lab.host_ns(1), lab.rail_address(0, 0), device=lab.netdev(1), timeout=0.5)
+    # And the management network is no path between rails either.
+    assert not fabric.ping(lab.host_ns(0), lab.rail_address(0, 1), device="mgmt0", timeout=0.5)
+
+
+def test_nothing_of_the_lab_is_in_the_root_namespace(lab: Shape) -> None:
+    ours = {"ens1f0np0", "ens2f0np0", "mgmt0", "br0", "h0", "h1"}
+    assert not ours & root_links()
+
+
+def test_build_again_reuses_the_fabric_and_repairs_what_is_missing(lab: Shape) -> None:
+    before = {ns: {name: link["index"] for name, link in links(ns).items()} for ns in lab.namespaces}
+    fabric.build(lab)
+    after = {ns: {name: link["index"] for name, link in links(ns).items()} for ns in lab.namespaces}
+    assert after == before, "a second build must not recreate anything"
+
+    with IPRoute(netns=lab.host_ns(1), flags=0) as ipr:
+        ipr.link("del", index=ipr.link_lookup(ifname="ens2f0np0")[0])
+    assert not fabric.ping(lab.host_ns(0), lab.rail_address(1, 1), timeout=0.5)
+    fabric.build(lab)
+    assert addresses(lab.host_ns(1))["ens2f0np0"] == {"198.18.1.11/24"}
+    assert fabric.ping(lab.host_ns(0), lab.rail_address(1, 1), timeout=2.0)
+
+
+def test_destroy_removes_everything_and_is_safe_twice() -> None:
+    shape = Shape(f"lbt{os.getpid()}d", hosts=2, nics=1)
+    before = root_links()
+    fabric.build(shape)
+    assert len(fabric.present(shape.name)) == 4
+    assert sorted(fabric.destroy(shape.name)) == sorted(shape.namespaces)
+    assert fabric.present(shape.name) == []
+    assert not any(netns.exists(ns) for ns in shape.namespaces)
+    assert root_links() == before
+    assert fabric.destroy(shape.name) == []
+
+
+def test_a_build_failing_halfway_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    shape = Shape(f"lbt{os.getpid()}f", hosts=2, nics=2)
+    before = root_links()
+    real = fabric._ensure_nic
+    calls = []
+
+    def failing(*args: object) -> None:
+        calls.append(args)
+        if len(calls) == 4:  # h0 is done, h1's first NIC is not
+            raise RuntimeError("injected failure")
+        real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fabric, "_ensure_nic", failing)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        fabric.build(shape)
+    assert len(calls) == 4
+    assert fabric.present(shape.name) == []
+    assert root_links() == before
+
+
+def test_destroy_leaves_other_labs_alone(lab: Shape) -> None:
+    """Lab `X` must not match lab `X-h0`'s namespaces, nor the other way round."""
+    assert fabric.destroy(f"{lab.name}-h0") == []
+    assert fabric.destroy(lab.name[:-1]) == []
+    assert sorted(fabric.present(lab.name)) == sorted(lab.namespaces)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "-x"}, "lab name '-x'"),
+        ({"name": "a/b"}, "lab name 'a/b'"),
+        ({"hosts": 0}, "--hosts must be between 1 and 64, not 0"),
+        ({"nics": 9}, "--nics must be between 1 and 8, not 9"),
+    ],
+)
+def test_bad_shapes_are_refused_with_one_line(kwargs: dict, message: str) -> None:
+    with pytest.raises(FabricError, match=message) as info:
+        Shape(**kwargs)
+    assert "\n" not in str(info.value)

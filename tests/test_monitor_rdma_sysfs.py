@@ -1,0 +1,86 @@
+"""The RDMA sysfs monitor on a fixture tree that the test changes under it."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shiftd.monitors.rdma_sysfs import RdmaSysfsMonitor
+from shiftd.nic import PortStatus
+
+FIXTURE = Path(__file__).parent / "fixtures" / "sysfs"
+
+
+@pytest.fixture
+def sysfs(tmp_path: Path) -> Path:
+    root = tmp_path / "sys"
+    shutil.copytree(FIXTURE, root, symlinks=True)
+    return root
+
+
+def set_port(root: Path, device: str, state: str, phys: str, downed: int | None = None) -> None:
+    port = root / "class" / "infiniband" / device / "ports" / "1"
+    (port / "state").write_text(f"{state}\n")
+    (port / "phys_state").write_text(f"{phys}\n")
+    if downed is not None:
+        (port / "counters" / "link_downed").write_text(f"{downed}\n")
+
+
+def test_poll_reports_everything_first_then_only_changes(sysfs: Path) -> None:
+    seen: list[PortStatus] = []
+    monitor = RdmaSysfsMonitor(sysfs, [("mlx5_0", 1), ("mlx5_1", 1)], 0.5, seen.append)
+    assert monitor.poll() == [
+        PortStatus("mlx5_0", 1, "ACTIVE", "LinkUp", 0),
+        PortStatus("mlx5_1", 1, "DOWN", "Disabled", 3),
+    ]
+    assert monitor.poll() == []
+    set_port(sysfs, "mlx5_1", "4: ACTIVE", "5: LinkUp")
+    assert monitor.poll() == [PortStatus("mlx5_1", 1, "ACTIVE", "LinkUp", 3)]
+    assert len(seen) == 3
+
+
+def test_counter_change_alone_is_reported(sysfs: Path) -> None:
+    monitor = RdmaSysfsMonitor(sysfs, [("mlx5_0", 1)], 0.5, lambda s: None)
+    monitor.poll()
+    (sysfs / "class/infiniband/mlx5_0/ports/1/counters/link_downed").write_text("7\n")
+    assert monitor.poll() == [PortStatus("mlx5_0", 1, "ACTIVE", "LinkUp", 7)]
+
+
+def test_removed_device_reads_as_port_down(sysfs: Path) -> None:
+    monitor = RdmaSysfsMonitor(sysfs, [("mlx5_0", 1)], 0.5, lambda s: None)
+    monitor.poll()
+    (sysfs / "class" / "infiniband" / "mlx5_0").unlink()
+    assert monitor.poll() == [PortStatus("mlx5_0", 1, "DOWN", "", 0)]
+
+
+def test_run_reports_down_and_back_active_on_its_own(sysfs: Path) -> None:
+    asyncio.run(_run_down_and_back(sysfs))
+
+
+async def arrives(seen: asyncio.Queue[PortStatus], expected: PortStatus) -> None:
+    """Wait for `expected`; a poll may land between the test's writes of two files and report
+    a mix first, which is a real (if brief) state of the files."""
+    async with asyncio.timeout(2):
+        while await seen.get() != expected:
+            pass
+
+
+async def _run_down_and_back(sysfs: Path) -> None:
+    seen: asyncio.Queue[PortStatus] = asyncio.Queue()
+    monitor = RdmaSysfsMonitor(sysfs, [("mlx5_0", 1)], 0.02, seen.put_nowait)
+    task = asyncio.create_task(monitor.run())
+    try:
+        assert (await asyncio.wait_for(seen.get(), 2)).state == "ACTIVE"
+        set_port(sysfs, "mlx5_0", "1: DOWN", "2: Polling", downed=1)
+        await arrives(seen, PortStatus("mlx5_0", 1, "DOWN", "Polling", 1))
+        set_port(sysfs, "mlx5_0", "4: ACTIVE", "5: LinkUp")
+        await arrives(seen, PortStatus("mlx5_0", 1, "ACTIVE", "LinkUp", 1))
+        await asyncio.sleep(0.1)
+        assert seen.empty()  # nothing changed, nothing reported
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
