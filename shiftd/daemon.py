@@ -71,7 +71,8 @@ class Daemon:
             specs = list(inventory.scan(config).nics)
         except inventory.InventoryError as exc:
             raise StartupError(str(exc)) from None
-        self.nics = NicTable(specs, config.health.hold_down_seconds, self._on_transition)
+        self._wake = asyncio.Event()
+        self.nics = NicTable(specs, config.health.hold_down_seconds, self._on_transition, self._wake.set)
         self.agents = AgentTable(self.registry, self._on_agent_change)
         self.faults = FaultInjector(config.faults.flap_period_seconds)
         self.relay = PeerCredRelay(
@@ -85,7 +86,6 @@ class Daemon:
         self._private_dir: Path | None = None
         self._grpc = None
         self._tasks: list[asyncio.Task] = []
-        self._wake = asyncio.Event()
         self._udev = UdevMonitor(self.nics.device_changed) if config.monitors.udev else None
 
     @property
@@ -238,11 +238,13 @@ class Daemon:
             record.name, transition.state.name.lower(), transition.reason
         ).inc()
         self._sync_link_events(record)
-        self.registry.put(f"nics/{self.host}/{record.name}", encode(self.nics.to_proto(record.name)))
+        self._publish_nic(record.name)
         level = logging.WARNING if transition.state != NicState.UP else logging.INFO
         log.log(level, "%s (%s): %s -> %s (%s)", record.name, spec.netdev, transition.previous.name,
                 transition.state.name, transition.reason)  # fmt: skip
-        self._wake.set()
+
+    def _publish_nic(self, name: str) -> None:
+        self.registry.put(f"nics/{self.host}/{name}", encode(self.nics.to_proto(name)))
 
     def _sync_link_events(self, record: NicRecord) -> None:
         counter = self.metrics.link_events.labels(record.name, record.spec.netdev)
@@ -297,13 +299,17 @@ class Daemon:
         self, device: str, mode: FaultMode, period: float | None, by_uid: int
     ) -> common_pb2.Nic:
         record = self.nics.get(device)
+        previous = record.health.fault
+        # Health first: the agents hear "operator_*" before the link drops, the fastest detection.
+        self.nics.set_fault(device, mode)
         try:
             await self.faults.apply(record.spec.netdev, mode, period)
         except Exception as exc:  # a netlink or tc failure: the operator must see why
+            self.nics.set_fault(device, previous)
             raise AgentError(
                 "FAILED_PRECONDITION", f"cannot inject {mode.name.lower()} on {device}: {exc}"
             ) from exc
-        self.nics.set_fault(device, mode)
+        self._publish_nic(device)
         self.metrics.faults.labels(device, mode.name.lower()).inc()
         self.bus.publish(admin_pb2.Event(fault=admin_pb2.FaultChange(device=device, mode=int(mode))))
         log.warning(
@@ -318,6 +324,7 @@ class Daemon:
         except Exception as exc:
             raise AgentError("FAILED_PRECONDITION", f"cannot recover {device}: {exc}") from exc
         self.nics.set_fault(device, FaultMode.NONE)
+        self._publish_nic(device)
         self.bus.publish(admin_pb2.Event(fault=admin_pb2.FaultChange(device=device, mode=0)))
         log.warning("fault cleared on %s (%s) by uid %d", device, record.spec.netdev, by_uid)
         return self.nics.to_proto(device)

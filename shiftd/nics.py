@@ -40,10 +40,12 @@ class NicTable:
         specs: list[NicSpec],
         hold_down: float,
         on_transition: Callable[[NicRecord, Transition], None],
+        on_input: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._clock = clock
         self._on_transition = on_transition
+        self._on_input = on_input  # any input may move a hold-down deadline
         self.records: dict[str, NicRecord] = {
             nic_name(spec.device, spec.port): NicRecord(
                 nic_name(spec.device, spec.port), spec, NicHealth(spec, hold_down), time.time_ns()
@@ -67,23 +69,23 @@ class NicTable:
     def link_changed(self, status: LinkStatus) -> None:
         for record in self.records.values():
             if record.spec.netdev == status.netdev:
-                self._apply(record, record.health.update_link(status, self._clock()))
+                self._input(record, record.health.update_link(status, self._clock()))
 
     def port_changed(self, status: PortStatus) -> None:
         record = self.records.get(nic_name(status.device, status.port))
         if record is not None:
-            self._apply(record, record.health.update_port(status, self._clock()))
+            self._input(record, record.health.update_port(status, self._clock()))
 
     def device_changed(self, change: DeviceChange) -> None:
         for record in self.records.values():
             name = record.spec.netdev if change.subsystem == "net" else record.spec.device
             if name == change.name:
                 present = change.action == "add"
-                self._apply(record, record.health.set_present(present, self._clock()))
+                self._input(record, record.health.set_present(present, self._clock()))
 
     def set_fault(self, device: str, mode: FaultMode) -> None:
         record = self.get(device)
-        self._apply(record, record.health.set_fault(mode, self._clock()))
+        self._input(record, record.health.set_fault(mode, self._clock()))
 
     def tick(self) -> None:
         now = self._clock()
@@ -93,6 +95,11 @@ class NicTable:
     def next_deadline(self) -> float | None:
         deadlines = [d for r in self.records.values() if (d := r.health.next_deadline()) is not None]
         return min(deadlines, default=None)
+
+    def _input(self, record: NicRecord, transition: Transition | None) -> None:
+        """An outside signal arrived: apply it and let the timer recompute its deadline."""
+        self._apply(record, transition)
+        self._on_input()
 
     def _apply(self, record: NicRecord, transition: Transition | None) -> None:
         if transition is None:
