@@ -14,7 +14,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from google.protobuf import json_format
+from google.protobuf import json_format, message_factory
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError
 
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, common_pb2
 from shiftd import __version__
@@ -239,6 +241,50 @@ def _decode(value: str, message):
         raise AgentError("DATA_LOSS", "the stored mapping is not readable") from None
 
 
+def strict_handlers(servicer: object, service: ServiceDescriptor) -> grpc.GenericRpcHandler:
+    """Handlers that parse requests themselves, so malformed bytes get INVALID_ARGUMENT.
+
+    With the generated add_*_to_server, a request that fails to parse ends as UNKNOWN with a
+    Python exception name in the message; a client deserves a proper status.
+    """
+    handlers = {}
+    for method in service.methods:
+        request_cls = message_factory.GetMessageClass(method.input_type)
+        response_cls = message_factory.GetMessageClass(method.output_type)
+        impl = getattr(servicer, method.name)
+        if method.server_streaming:
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
+                _parsed_stream(impl, request_cls), response_serializer=response_cls.SerializeToString
+            )
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                _parsed_unary(impl, request_cls), response_serializer=response_cls.SerializeToString
+            )
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+async def _parse(request_cls: type, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+    try:
+        return request_cls.FromString(raw)
+    except DecodeError:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {request_cls.DESCRIPTOR.name}")
+
+
+def _parsed_unary(impl: Callable, request_cls: type) -> Callable:
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        return await impl(await _parse(request_cls, raw, context), context)
+
+    return handler
+
+
+def _parsed_stream(impl: Callable, request_cls: type) -> Callable:
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async for reply in impl(await _parse(request_cls, raw, context), context):
+            yield reply
+
+    return handler
+
+
 async def start_grpc(daemon: Daemon, private_path: str) -> grpc.aio.Server:
     """Start the gRPC server on the private socket behind the relay."""
     limit = daemon.config.server.max_message_bytes
@@ -249,8 +295,12 @@ async def start_grpc(daemon: Daemon, private_path: str) -> grpc.aio.Server:
             ("grpc.so_reuseport", 0),
         ]
     )
-    agent_pb2_grpc.add_AgentServicer_to_server(AgentService(daemon), server)
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(daemon), server)
+    server.add_generic_rpc_handlers(
+        (
+            strict_handlers(AgentService(daemon), agent_pb2.DESCRIPTOR.services_by_name["Agent"]),
+            strict_handlers(AdminService(daemon), admin_pb2.DESCRIPTOR.services_by_name["Admin"]),
+        )
+    )
     server.add_insecure_port(f"unix:{private_path}")
     await server.start()
     os.chmod(private_path, 0o600)

@@ -14,14 +14,12 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-import etcd_fixtures
 import pytest
 
 from shiftd.etcdproc import EtcdProcess, free_port
 from shiftd.registry import Registry, RegistryUnavailable, WatchEvent
 
 pytestmark = pytest.mark.timeout(60)
-etcd, etcd_member, etcd_cluster = etcd_fixtures.etcd, etcd_fixtures.etcd_member, etcd_fixtures.etcd_cluster
 PREFIX = "/shift/v1/"
 
 
