@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps test test-unit demo lint proto bench clean
+.PHONY: setup system-deps test test-unit demo lint proto bench install clean
 
 setup: $(STAMP) system-deps
 
@@ -35,6 +35,9 @@ proto: $(STAMP)
 
 bench: setup
 	$(PY) bench/nic_event_latency.py
+
+install:
+	bash scripts/install.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

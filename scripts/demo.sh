@@ -38,10 +38,13 @@ say "h0: shiftctl nics"
 on_h0 shiftctl nics
 
 events="$(mktemp)"
+say "h0: shiftctl events --follow, in the background (its lines start with 'events>')"
 # Not through on_h0: run directly, $! is the PID that ends up being shiftctl (exec all the way
-# down). Unbuffered, so that what it printed is in the file when we show it.
-PYTHONUNBUFFERED=1 "$BIN/shift-lab" exec --name "$LAB" h0 -- shiftctl events --follow >"$events" 2>&1 &
+# down). Each event is shown as it arrives and kept in a file for the summary.
+PYTHONUNBUFFERED=1 "$BIN/shift-lab" exec --name "$LAB" h0 -- shiftctl events --follow --backlog 0 \
+    > >(tee "$events" | sed -u 's/^/    events> /') 2>&1 &
 follower=$!
+sleep 1
 
 say "h0: shiftctl fail-nic mlx5_0 (link down)"
 on_h0 shiftctl fail-nic mlx5_0
@@ -61,3 +64,9 @@ on_h0 shiftctl nics
 
 say "what 'shiftctl events --follow' on h0 saw"
 cat "$events"
+if ! grep -q "mlx5_0 (ens1f0np0) UP -> DOWN operator_down" "$events" \
+    || ! grep -q "mlx5_0 (ens1f0np0) DOWN -> UP recovered" "$events"; then
+    echo "demo: the failure and the recovery did not both reach the event stream" >&2
+    exit 1
+fi
+say "demo finished: the NIC failed, every subscriber heard it, and it came back"

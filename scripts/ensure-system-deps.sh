@@ -6,6 +6,8 @@ command -v etcd >/dev/null || need+=(etcd-server)
 command -v etcdctl >/dev/null || need+=(etcd-client)
 command -v ip >/dev/null || need+=(iproute2)
 command -v tc >/dev/null || need+=(iproute2)
+command -v promtool >/dev/null || need+=(prometheus)
+command -v systemd-analyze >/dev/null || need+=(systemd)
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
 fi
@@ -17,7 +19,8 @@ echo "shift: installing ${need[*]} with apt-get"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-# Debian's package starts a system etcd where systemd runs; the lab starts its own.
+# Debian's packages start a system etcd and Prometheus where systemd runs; the lab and the tests
+# start their own.
 if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
-    systemctl disable --now etcd >/dev/null 2>&1 || true
+    systemctl disable --now etcd prometheus >/dev/null 2>&1 || true
 fi

@@ -113,7 +113,12 @@ class Daemon:
         private_path = str(self._private_dir / "grpc.sock")
         self._grpc = await start_grpc(self, private_path)
         self.relay.private_path = private_path
-        await self.relay.start()
+        try:
+            await self.relay.start()
+        except OSError as exc:  # e.g. no CAP_CHOWN for the socket's group, or a read-only /run
+            raise StartupError(
+                f"server.socket: cannot serve on {self.config.server.socket}: {exc.strerror}"
+            ) from None
         self._tasks.append(asyncio.create_task(self._health_timer(), name="health-timer"))
         if self.notifier.watchdog_interval:
             self._tasks.append(asyncio.create_task(self._watchdog(), name="watchdog"))
