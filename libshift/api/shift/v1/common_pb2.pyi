@@ -91,7 +91,7 @@ class NicEvent(_message.Message):
     def __init__(self, host: _Optional[str] = ..., device: _Optional[str] = ..., netdev: _Optional[str] = ..., state: _Optional[_Union[NicState, str]] = ..., previous_state: _Optional[_Union[NicState, str]] = ..., reason: _Optional[str] = ..., time_unix_nanos: _Optional[int] = ..., monotonic_nanos: _Optional[int] = ...) -> None: ...
 
 class Endpoint(_message.Message):
-    __slots__ = ("gid", "qpn", "psn", "device", "provider_data")
+    __slots__ = ("gid", "qpn", "psn", "device", "provider_data", "provider")
     class ProviderDataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -104,12 +104,14 @@ class Endpoint(_message.Message):
     PSN_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_DATA_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
     gid: str
     qpn: int
     psn: int
     device: str
     provider_data: _containers.ScalarMap[str, str]
-    def __init__(self, gid: _Optional[str] = ..., qpn: _Optional[int] = ..., psn: _Optional[int] = ..., device: _Optional[str] = ..., provider_data: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    provider: str
+    def __init__(self, gid: _Optional[str] = ..., qpn: _Optional[int] = ..., psn: _Optional[int] = ..., device: _Optional[str] = ..., provider_data: _Optional[_Mapping[str, str]] = ..., provider: _Optional[str] = ...) -> None: ...
 
 class QpMapping(_message.Message):
     __slots__ = ("primary", "backup")
