@@ -1,0 +1,274 @@
+"""The in-process agent: libshift's gRPC client of the local shiftd.
+
+It registers the process, follows the daemon's NIC events on a background thread, publishes
+this process's `default -> backup` mappings and looks up the peers'. shiftd may restart
+(systemd's Restart=on-failure): the agent then reconnects with backoff, registers again and
+re-publishes everything it holds, so the mappings outlive the daemon's restart. Without a
+reachable shiftd, `Agent.connect` returns None and says why once; the caller runs without
+failover.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from libshift.api.shift.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from libshift.verbs.attrs import Endpoint
+
+log = logging.getLogger("libshift.agent")
+
+DEFAULT_SOCKET = "/run/shift/shiftd.sock"
+CALL_TIMEOUT = 5.0
+RECONNECT_INITIAL = 0.05
+RECONNECT_MAX = 2.0
+
+NicListener = Callable[[common_pb2.NicEvent], None]
+
+
+class AgentError(RuntimeError):
+    """shiftd refused or could not answer a call; str() says which and why."""
+
+
+def socket_path() -> str:
+    return os.environ.get("SHIFT_SOCKET", DEFAULT_SOCKET)
+
+
+def to_proto(endpoint: Endpoint) -> common_pb2.Endpoint:
+    """Provider data values are JSON-encoded: the proto map holds strings, ports are ints."""
+    return common_pb2.Endpoint(
+        gid=endpoint.gid,
+        qpn=endpoint.qpn,
+        psn=endpoint.psn,
+        device=endpoint.device,
+        provider=endpoint.provider,
+        provider_data={k: json.dumps(v) for k, v in endpoint.provider_data.items()},
+    )
+
+
+def from_proto(message: common_pb2.Endpoint) -> Endpoint:
+    return Endpoint(
+        gid=message.gid,
+        qpn=message.qpn,
+        psn=message.psn,
+        device=message.device,
+        provider=message.provider,
+        provider_data={k: json.loads(v) for k, v in message.provider_data.items()},
+    )
+
+
+@dataclass(frozen=True)
+class MrBackup:
+    """A memory region's backup key, as a peer looks it up by the key it already knows."""
+
+    gid: str
+    rkey: int
+    backup_gid: str
+    backup_rkey: int
+
+
+class Agent:
+    """One per process. Thread-safe; listeners run on the agent's event thread: keep them short."""
+
+    def __init__(self, socket: str, name: str, job: str) -> None:
+        self.socket = socket
+        self.name = name
+        self.job = job
+        self._lock = threading.Lock()
+        self._channel = grpc.insecure_channel(f"unix:{socket}")
+        self._stub = agent_pb2_grpc.AgentStub(self._channel)
+        self._agent_id = ""
+        self.host = ""
+        self._nics: dict[str, common_pb2.NicEvent] = {}
+        self._listeners: list[NicListener] = []
+        self._qps: dict[tuple[str, int], common_pb2.QpMapping] = {}
+        self._mrs: dict[tuple[str, int], common_pb2.MrMapping] = {}
+        self._closed = threading.Event()
+        self._registered = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stream: grpc.Future | None = None
+        self.reconnects = 0
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    @classmethod
+    def connect(cls, socket: str | None = None, name: str | None = None, job: str = "") -> Agent | None:
+        """Register with the local shiftd, or return None (logged once) when there is none."""
+        path = socket or socket_path()
+        if not os.path.exists(path):
+            log.warning("no shiftd socket at %s: running without failover (set SHIFT_SOCKET)", path)
+            return None
+        agent = cls(path, name or os.path.basename(sys.argv[0] or "python"), job)
+        try:
+            agent._register()
+        except AgentError as exc:
+            log.warning("shiftd at %s not usable (%s): running without failover", path, exc)
+            agent._channel.close()
+            return None
+        agent._start_events()
+        return agent
+
+    def close(self) -> None:
+        """Unregister (the daemon withdraws our mappings) and stop the event thread."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        # on failure the daemon withdraws our mappings anyway when the connection closes
+        with contextlib.suppress(grpc.RpcError):
+            self._stub.Unregister(agent_pb2.UnregisterRequest(agent_id=self._agent_id), timeout=1.0)
+        if self._stream is not None:
+            self._stream.cancel()
+        self._channel.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def agent_id(self) -> str:
+        return self._agent_id
+
+    # ---- NIC events ---------------------------------------------------------------------------
+
+    def add_listener(self, listener: NicListener) -> None:
+        """Call `listener` for every NIC event from now on (after the current states)."""
+        with self._lock:
+            self._listeners.append(listener)
+            current = list(self._nics.values())
+        for event in current:
+            listener(event)
+
+    def remove_listener(self, listener: NicListener) -> None:
+        with self._lock:
+            self._listeners.remove(listener)
+
+    def nic_state(self, device: str) -> int:
+        """The latest shift.v1.NicState the daemon reported for `device` (UNSPECIFIED if unknown)."""
+        with self._lock:
+            event = self._nics.get(device)
+        return event.state if event else common_pb2.NIC_STATE_UNSPECIFIED
+
+    # ---- mappings -----------------------------------------------------------------------------
+
+    def publish_qp(self, primary: Endpoint, backup: Endpoint) -> None:
+        mapping = common_pb2.QpMapping(primary=to_proto(primary), backup=to_proto(backup))
+        with self._lock:
+            self._qps[(primary.gid, primary.qpn)] = mapping
+        self._call("Publish", agent_pb2.PublishRequest(agent_id=self._agent_id, qps=[mapping]))
+
+    def publish_mr(self, gid: str, rkey: int, backup_gid: str, backup_rkey: int) -> None:
+        mapping = common_pb2.MrMapping(gid=gid, rkey=rkey, backup_gid=backup_gid, backup_rkey=backup_rkey)
+        with self._lock:
+            self._mrs[(gid, rkey)] = mapping
+        self._call("Publish", agent_pb2.PublishRequest(agent_id=self._agent_id, mrs=[mapping]))
+
+    def withdraw_qp(self, primary: Endpoint) -> None:
+        with self._lock:
+            mapping = self._qps.pop((primary.gid, primary.qpn), None)
+        if mapping is not None:
+            self._call("Withdraw", agent_pb2.WithdrawRequest(agent_id=self._agent_id, qps=[mapping.primary]))
+
+    def withdraw_mr(self, gid: str, rkey: int) -> None:
+        with self._lock:
+            mapping = self._mrs.pop((gid, rkey), None)
+        if mapping is not None:
+            self._call("Withdraw", agent_pb2.WithdrawRequest(agent_id=self._agent_id, mrs=[mapping]))
+
+    def lookup_qp(self, gid: str, qpn: int, wait: float = 0.0) -> Endpoint | None:
+        """The backup of the peer QP (gid, qpn), waiting up to `wait` s for it to be published."""
+        request = agent_pb2.LookupQpRequest(gid=gid, qpn=qpn, wait_seconds=wait)
+        reply = self._call("LookupQp", request, timeout=wait + CALL_TIMEOUT, missing_ok=True)
+        return from_proto(reply.mapping.backup) if reply is not None else None
+
+    def lookup_mr(self, gid: str, rkey: int, wait: float = 0.0) -> MrBackup | None:
+        request = agent_pb2.LookupMrRequest(gid=gid, rkey=rkey, wait_seconds=wait)
+        reply = self._call("LookupMr", request, timeout=wait + CALL_TIMEOUT, missing_ok=True)
+        if reply is None:
+            return None
+        m = reply.mapping
+        return MrBackup(m.gid, m.rkey, m.backup_gid, m.backup_rkey)
+
+    def report(self, report: common_pb2.FailoverReport) -> None:
+        """Tell shiftd about a failover or failback (for metrics and `shiftctl events`); never raises."""
+        try:
+            self._call(
+                "ReportFailover", agent_pb2.ReportFailoverRequest(agent_id=self._agent_id, report=report)
+            )
+        except AgentError as exc:
+            log.warning("could not report %s to shiftd: %s", common_pb2.FailoverKind.Name(report.kind), exc)
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _call(self, method: str, request, timeout: float = CALL_TIMEOUT, missing_ok: bool = False):
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            if missing_ok and exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise AgentError(f"{method}: {exc.code().name}: {exc.details()}") from None
+
+    def _register(self) -> None:
+        request = agent_pb2.RegisterRequest(pid=os.getpid(), name=self.name[:200], job=self.job[:200])
+        try:
+            reply = self._stub.Register(request, timeout=CALL_TIMEOUT, wait_for_ready=False)
+        except grpc.RpcError as exc:
+            raise AgentError(f"Register: {exc.code().name}: {exc.details()}") from None
+        self._agent_id, self.host = reply.agent_id, reply.host
+        with self._lock:
+            qps, mrs = list(self._qps.values()), list(self._mrs.values())
+        if qps or mrs:  # a restarted daemon knows nothing of us: publish everything again
+            self._call("Publish", agent_pb2.PublishRequest(agent_id=self._agent_id, qps=qps, mrs=mrs))
+        self._registered.set()
+
+    def _start_events(self) -> None:
+        self._thread = threading.Thread(target=self._follow_events, name="libshift-agent", daemon=True)
+        self._thread.start()
+
+    def _follow_events(self) -> None:
+        """Follow the NIC event stream; on a broken stream, reconnect, re-register, re-publish."""
+        backoff = RECONNECT_INITIAL
+        while not self._closed.is_set():
+            try:
+                self._stream = self._stub.WatchNicEvents(
+                    agent_pb2.WatchNicEventsRequest(agent_id=self._agent_id)
+                )
+                for event in self._stream:
+                    backoff = RECONNECT_INITIAL
+                    self._deliver(event)
+            except grpc.RpcError as exc:
+                if self._closed.is_set():
+                    return
+                log.warning("shiftd event stream broke (%s); reconnecting", exc.code().name)
+            while not self._closed.is_set():
+                time.sleep(backoff)
+                backoff = min(backoff * 2, RECONNECT_MAX)
+                try:
+                    self._register()
+                    self.reconnects += 1
+                    log.info("re-registered with shiftd as %s", self._agent_id)
+                    break
+                except AgentError:
+                    continue
+
+    def _deliver(self, event: common_pb2.NicEvent) -> None:
+        with self._lock:
+            self._nics[event.device] = event
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not kill the event thread
+                log.exception("NIC event listener failed")

@@ -1,0 +1,102 @@
+"""libshift.agent against a real shiftd (and a real etcd): events, mappings, reports, restarts."""
+
+import logging
+import signal
+import time
+
+import pytest
+from daemon_harness import DaemonProcess
+
+from libshift.agent import Agent
+from libshift.api.shift.v1 import admin_pb2, common_pb2
+from libshift.verbs.attrs import Endpoint
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.02)
+    return predicate()
+
+
+def endpoint(qpn, gid="::ffff:127.0.0.1", device="mlx5_0"):
+    return Endpoint(
+        gid=gid, qpn=qpn, psn=3, device=device, provider="tcp", provider_data={"port": 40000 + qpn}
+    )
+
+
+@pytest.fixture
+def daemon(tmp_path, etcd):
+    d = DaemonProcess(
+        tmp_path / "d",
+        sections={
+            "devices": {"mlx5_0": "lo"},
+            "etcd": {"endpoints": [etcd.endpoint], "lease_ttl_seconds": 3},
+        },
+    )
+    d.start()
+    yield d
+    d.stop()
+
+
+def test_events_mappings_and_reports(daemon):
+    with Agent.connect(daemon.socket, name="trainer") as a, Agent.connect(daemon.socket, name="peer") as b:
+        seen = []
+        a.add_listener(seen.append)
+        assert wait_until(lambda: a.nic_state("mlx5_0") == common_pb2.NIC_STATE_UP)
+        assert [e.device for e in seen] == ["mlx5_0"]
+        assert a.host == "t0"
+
+        a.publish_qp(endpoint(7), endpoint(8, gid="::ffff:127.0.0.2", device="mlx5_1"))
+        found = b.lookup_qp("::ffff:127.0.0.1", 7, wait=5)
+        assert found == endpoint(8, gid="::ffff:127.0.0.2", device="mlx5_1")  # the port comes back an int
+        assert b.lookup_qp("::ffff:127.0.0.1", 9) is None
+        a.publish_mr("::ffff:127.0.0.1", 0x1234, "::ffff:127.0.0.2", 0x5678)
+        mr = b.lookup_mr("::ffff:127.0.0.1", 0x1234, wait=5)
+        assert (mr.backup_gid, mr.backup_rkey) == ("::ffff:127.0.0.2", 0x5678)
+
+        a.report(
+            common_pb2.FailoverReport(
+                kind=common_pb2.FAILOVER_KIND_FAILOVER, device="mlx5_0", backup_device="mlx5_1",
+                reason="nic_event", downtime_seconds=0.004, reposted_work_requests=12, qps=1,
+            )
+        )  # fmt: skip
+        with daemon.channel() as channel:
+            status = daemon.admin(channel).Status(admin_pb2.StatusRequest(), timeout=10)
+            events = list(
+                daemon.admin(channel).StreamEvents(admin_pb2.StreamEventsRequest(backlog=20), timeout=10)
+            )
+        assert status.failovers == 1
+        assert {x.name for x in status.agents} == {"trainer", "peer"}
+        failovers = [e.failover for e in events if e.WhichOneof("kind") == "failover"]
+        assert failovers[0].reposted_work_requests == 12
+
+        a.withdraw_qp(endpoint(7))
+        assert b.lookup_qp("::ffff:127.0.0.1", 7) is None
+
+
+def test_agent_survives_a_daemon_restart_and_republishes(daemon):
+    agent = Agent.connect(daemon.socket, name="long-lived")
+    try:
+        agent.publish_qp(endpoint(21), endpoint(22, device="mlx5_1"))
+        daemon.stop(signal.SIGKILL)
+        daemon.start()
+        assert wait_until(lambda: agent.reconnects >= 1, timeout=15)
+        with daemon.channel() as channel:  # the new daemon knows the mapping: it was published again
+            agents = daemon.admin(channel).Status(admin_pb2.StatusRequest(), timeout=10).agents
+        assert [(x.name, x.qp_mappings) for x in agents] == [("long-lived", 1)]
+        with Agent.connect(daemon.socket, name="other") as other:
+            assert other.lookup_qp("::ffff:127.0.0.1", 21, wait=10) == endpoint(22, device="mlx5_1")
+        assert wait_until(lambda: agent.nic_state("mlx5_0") == common_pb2.NIC_STATE_UP)
+    finally:
+        agent.close()
+
+
+def test_without_daemon_connect_says_why_and_returns_none(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="libshift.agent"):
+        assert Agent.connect(str(tmp_path / "absent.sock")) is None
+    assert "running without failover" in caplog.text
