@@ -1,0 +1,148 @@
+"""The provider interface: what the verbs objects delegate to, and the list of providers available.
+
+A provider moves the bytes (tcp: kernel TCP on one netdev; verbs: an RNIC through pyverbs). It knows nothing
+of failover; libshift.shift wraps the public verbs objects, which wrap these. Every method that can be refused
+raises libshift.verbs.errors.VerbsError with a one-line reason.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: libshift.verbs imports this module, so no run-time import back
+    from libshift.verbs.attrs import Endpoint, QPAttr, QPCap
+    from libshift.verbs.enums import ibv_qp_state
+    from libshift.verbs.wr import WC, RecvWR, SendWR
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A device as a provider sees it; netns is the network namespace its sockets live in (tcp only)."""
+
+    name: str
+    provider: str
+    netdev: str = ""
+    netns: str | None = None
+
+
+class ProviderMR(ABC):
+    """Registered memory: `view` is a writable memoryview of it, `addr` its address for SGEs and RDMA."""
+
+    addr: int
+    length: int
+    lkey: int
+    rkey: int
+    access: int
+    view: memoryview
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class ProviderChannel(ABC):
+    """A completion channel: CQs armed with req_notify report here once per arming."""
+
+    @abstractmethod
+    def get_cq_event(self, timeout: float | None) -> ProviderCQ | None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class ProviderCQ(ABC):
+    """A completion queue; `owner` is set by the verbs layer so a channel event can name the public CQ."""
+
+    owner: object = None
+
+    @abstractmethod
+    def poll(self, num_entries: int) -> list[WC]: ...
+
+    @abstractmethod
+    def req_notify(self, solicited_only: bool) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class ProviderQP(ABC):
+    """An RC queue pair."""
+
+    qp_num: int
+    cap: QPCap
+
+    @property
+    @abstractmethod
+    def state(self) -> ibv_qp_state: ...
+
+    @abstractmethod
+    def endpoint(self) -> Endpoint: ...
+
+    @abstractmethod
+    def modify(self, attr: QPAttr) -> None:
+        """Move to attr.qp_state, taking the attributes that transition needs."""
+
+    @abstractmethod
+    def post_send(self, wr: SendWR) -> None: ...
+
+    @abstractmethod
+    def post_recv(self, wr: RecvWR) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class ProviderPD(ABC):
+    """A protection domain: MRs and QPs of one PD may work together, no others."""
+
+    @abstractmethod
+    def reg_mr(self, length: int, access: int) -> ProviderMR: ...
+
+    @abstractmethod
+    def create_qp(
+        self, send_cq: ProviderCQ, recv_cq: ProviderCQ, cap: QPCap, sq_sig_all: bool
+    ) -> ProviderQP: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class ProviderContext(ABC):
+    """An opened device."""
+
+    device: DeviceInfo
+
+    @abstractmethod
+    def gid(self) -> str: ...
+
+    @abstractmethod
+    def alloc_pd(self) -> ProviderPD: ...
+
+    @abstractmethod
+    def create_comp_channel(self) -> ProviderChannel: ...
+
+    @abstractmethod
+    def create_cq(self, cqe: int, channel: ProviderChannel | None) -> ProviderCQ: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Provider(ABC):
+    """A transport: lists its devices and opens them."""
+
+    name: str
+
+    @abstractmethod
+    def devices(self) -> list[DeviceInfo]: ...
+
+    @abstractmethod
+    def open(self, device: DeviceInfo) -> ProviderContext: ...
+
+
+def providers() -> list[Provider]:
+    """Every provider this installation offers, in preference order."""
+    from libshift.providers.tcp import TcpProvider
+
+    return [TcpProvider()]

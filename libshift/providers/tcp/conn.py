@@ -1,0 +1,231 @@
+"""One TCP stream of a QP: frames out gathered with sendmsg, frames in placed with recv_into.
+
+The Connection knows framing only. What a frame means, and where its payload goes, is the sink's (the QP's)
+business: on_header() answers with the memoryviews to place the payload into (straight into registered
+memory, no copy), or None to read it into a scratch buffer and drop it.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
+
+from libshift.providers.tcp import wire
+from libshift.providers.tcp.engine import Engine
+
+Buffers = list[memoryview]
+READ_BUDGET = 4 << 20  # bytes per wake-up before other sockets get their turn
+STAGING = 1 << 16
+DIRECT = 1 << 14
+
+
+class Sink(Protocol):
+    def on_header(self, conn: Connection, hdr: wire.Header) -> Sequence[memoryview] | None: ...
+    def on_frame(self, conn: Connection, hdr: wire.Header, placed: bool) -> None: ...
+    def after_input(self, conn: Connection) -> None: ...
+    def next_request(self, conn: Connection) -> Sequence[bytes | memoryview] | None: ...
+    def on_broken(self, conn: Connection, reason: str) -> None: ...
+    def on_engine_error(self, exc: BaseException) -> None: ...
+
+
+def _views(buffers: Sequence[bytes | memoryview]) -> Buffers:
+    return [memoryview(b) for b in buffers if len(b)]
+
+
+class Connection:
+    def __init__(self, engine: Engine, sock: socket.socket, sink: Sink) -> None:
+        self.engine = engine
+        self.sock = sock
+        self.sink = sink
+        self.closed = False
+        self.closing = False
+        self._shut = False
+        self._out: deque[Buffers] = deque()
+        self._cur: Buffers = []
+        self._want_write = False
+        self._hdr = bytearray(wire.HEADER.size)
+        self._hdr_view = memoryview(self._hdr)
+        self._hdr_got = 0
+        self._frame: wire.Header | None = None
+        self._targets: list[memoryview] = []
+        self._left = 0
+        self._placing = False
+        self._rx_view = memoryview(bytearray(STAGING))
+        self._rx_pos = self._rx_end = 0
+        engine.watch(sock.fileno(), selectors.EVENT_READ, self._ready, sink.on_engine_error)
+
+    # -- output -------------------------------------------------------------------------------------------
+
+    def send_frame(self, buffers: Sequence[bytes | memoryview]) -> None:
+        """Queue a frame ahead of further requests (responses go first) and try to send it now."""
+        self._out.append(_views(buffers))
+        self.pump()
+
+    def close_when_sent(self) -> None:
+        """Send what is queued (a NAK), then half-close; used when the QP goes to ERR.
+
+        Closing outright with unread input would make the kernel send RST, and an RST can destroy the NAK
+        in the peer's receive queue before the peer reads it; so we send FIN and keep reading (and dropping)
+        until the peer closes too.
+        """
+        self.closing = True
+        self.pump()
+
+    def pump(self) -> None:
+        """Write frames until the socket is full or nothing is left; caller holds the engine lock."""
+        while not self.closed:
+            if not self._cur:
+                if self._out:
+                    self._cur = self._out.popleft()
+                else:
+                    frame = None if self.closing else self.sink.next_request(self)
+                    if frame is None:
+                        break
+                    self._cur = _views(frame)
+                    continue
+            try:
+                sent = self.sock.sendmsg(self._cur)
+            except (BlockingIOError, InterruptedError):
+                self._set_want_write(True)
+                return
+            except OSError as exc:
+                self._broken(f"send failed: {exc.strerror or exc}")
+                return
+            self._advance(sent)
+            if self._cur:
+                self._set_want_write(True)
+                return
+        self._set_want_write(False)
+        if self.closing and not self._shut and not self._cur and not self._out:
+            self._shut = True
+            try:
+                self.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                self.close()
+
+    def _advance(self, sent: int) -> None:
+        cur = self._cur
+        while sent and cur:
+            first = cur[0]
+            if sent >= len(first):
+                sent -= len(first)
+                cur.pop(0)
+            else:
+                cur[0] = first[sent:]
+                sent = 0
+
+    def _set_want_write(self, want: bool) -> None:
+        if want != self._want_write and not self.closed:
+            self._want_write = want
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
+            self.engine.watch(self.sock.fileno(), events, self._ready, self.sink.on_engine_error)
+
+    # -- input --------------------------------------------------------------------------------------------
+
+    def _ready(self, mask: int) -> None:
+        if mask & selectors.EVENT_WRITE:
+            self.pump()
+        if mask & selectors.EVENT_READ and not self.closed:
+            self._read()
+            if not self.closed:
+                self.sink.after_input(self)
+
+    def _read(self) -> None:
+        """Parse frames from a small staging buffer; large payloads bypass it and land straight in place.
+
+        One recv brings many small frames (headers, acks, short messages) at once, which matters more than a
+        copy of a few bytes; a payload of DIRECT bytes or more is read by recv_into the target memory itself.
+        """
+        budget = READ_BUDGET
+        while budget > 0 and not self.closed:
+            if self._rx_pos == self._rx_end:
+                if self._frame is not None and self._left >= DIRECT:
+                    view = self._targets[0] if self._placing else self._rx_view
+                    got = self._recv(view[: self._left])
+                    if got is None:
+                        return
+                    self._consume(got)
+                    budget -= got
+                    continue
+                got = self._recv(self._rx_view)
+                if got is None:
+                    return
+                self._rx_pos, self._rx_end = 0, got
+                budget -= got
+            take = self._rx_end - self._rx_pos
+            if self._frame is None:
+                take = min(take, len(self._hdr) - self._hdr_got)
+                self._hdr_view[self._hdr_got : self._hdr_got + take] = self._rx_view[
+                    self._rx_pos : self._rx_pos + take
+                ]
+                self._rx_pos += take
+                self._hdr_got += take
+                if self._hdr_got == len(self._hdr):
+                    self._hdr_got = 0
+                    self._begin(wire.unpack(self._hdr))
+                continue
+            take = min(take, self._left, len(self._targets[0]) if self._placing else take)
+            if self._placing:
+                self._targets[0][:take] = self._rx_view[self._rx_pos : self._rx_pos + take]
+            self._rx_pos += take
+            self._consume(take)
+
+    def _consume(self, got: int) -> None:
+        """`got` payload bytes of the current frame have been placed (or dropped)."""
+        if self._placing:
+            self._targets[0] = self._targets[0][got:]
+            if not self._targets[0]:
+                self._targets.pop(0)
+        self._left -= got
+        if self._left == 0:
+            self._end()
+
+    def _recv(self, view: memoryview) -> int | None:
+        """Bytes read into view; None when there is nothing more now (or the stream ended)."""
+        try:
+            got = self.sock.recv_into(view)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            self._broken(f"receive failed: {exc.strerror or exc}")
+            return None
+        if got == 0:
+            self._broken("peer closed the connection")
+            return None
+        return got
+
+    def _begin(self, hdr: wire.Header) -> None:
+        reason = wire.problem(hdr)
+        if reason is not None:
+            self._broken(f"protocol error: {reason}")
+            return
+        self._frame = hdr
+        self._left = wire.payload_length(hdr)
+        targets = self.sink.on_header(self, hdr) if not self.closed else None
+        self._placing = targets is not None and sum(len(t) for t in targets) == self._left
+        self._targets = [t for t in targets if len(t)] if targets is not None and self._placing else []
+        if self._left == 0:
+            self._end()
+
+    def _end(self) -> None:
+        hdr, placed = self._frame, self._placing
+        self._frame, self._targets, self._placing = None, [], False
+        if hdr is not None and not self.closed:
+            self.sink.on_frame(self, hdr, placed)
+
+    def _broken(self, reason: str) -> None:
+        if not self.closed:
+            self.close()
+            self.sink.on_broken(self, reason)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.engine.unwatch(self.sock.fileno())
+        self.sock.close()
+        self._out.clear()
+        self._cur = []

@@ -1,0 +1,84 @@
+"""An opened tcp device: its address, its sockets (in its network namespace), keys, and progress engine."""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import struct
+from typing import TYPE_CHECKING
+
+from libshift.netns import in_netns
+from libshift.providers import DeviceInfo, ProviderContext
+from libshift.providers.tcp.cq import TcpChannel, TcpCQ
+from libshift.providers.tcp.engine import Engine
+from libshift.providers.tcp.memory import TcpPD, random_key
+from libshift.verbs.errors import VerbsError
+
+if TYPE_CHECKING:
+    from libshift.providers.tcp.qp import TcpQP
+
+SIOCGIFADDR = 0x8915
+
+
+def netdev_ipv4(netdev: str, netns: str | None) -> str:
+    """The IPv4 address of `netdev`, looked up inside the device's namespace."""
+    with in_netns(netns), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            reply = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", netdev.encode()[:15]))
+        except OSError as exc:
+            where = f" in netns {netns}" if netns else ""
+            raise VerbsError(
+                f"netdev {netdev!r}{where} has no usable IPv4 address ({exc.strerror})"
+            ) from None
+    return socket.inet_ntoa(reply[20:24])
+
+
+class TcpContext(ProviderContext):
+    def __init__(self, device: DeviceInfo) -> None:
+        self.device = device
+        self.address = netdev_ipv4(device.netdev, device.netns)
+        self.engine = Engine(device.name)
+        self.qps: set[TcpQP] = set()
+        self._keys: set[int] = set()
+
+    def gid(self) -> str:
+        return f"::ffff:{self.address}"
+
+    def new_socket(self) -> socket.socket:
+        """A TCP socket in the device's namespace, bound to its netdev (SO_BINDTODEVICE) and address."""
+        with in_netns(self.device.netns):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, self.device.netdev.encode())
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.bind((self.address, 0))
+        except OSError as exc:
+            sock.close()
+            raise VerbsError(
+                f"device {self.device.name}: cannot bind to {self.device.netdev}: {exc.strerror}"
+            ) from None
+        sock.setblocking(False)
+        return sock
+
+    def new_key(self) -> int:
+        key = random_key(self._keys)
+        self._keys.add(key)
+        return key
+
+    def release_key(self, key: int) -> None:
+        self._keys.discard(key)
+
+    def alloc_pd(self) -> TcpPD:
+        return TcpPD(self)
+
+    def create_comp_channel(self) -> TcpChannel:
+        return TcpChannel()
+
+    def create_cq(self, cqe: int, channel: TcpChannel | None) -> TcpCQ:  # type: ignore[override]
+        return TcpCQ(cqe, channel, self.engine.poll_once)
+
+    def close(self) -> None:
+        with self.engine.lock:
+            for qp in list(self.qps):
+                qp.close()
+        self.engine.stop()

@@ -1,0 +1,299 @@
+"""The requester half of a QP: the send queue, its frames, acks, the ack deadline and RNR retries.
+
+Work requests complete in order, and only when the responder has answered for them (an ACK at or after
+their sequence number, or their READ/atomic response). The ack deadline (4.096 us x 2**timeout per try,
+retry_cnt + 1 tries) runs while anything is outstanding and restarts on every step of progress; when it
+passes, the oldest request completes RETRY_EXC_ERR and the QP goes to ERR, which is how a dead or
+black-holed link looks on an RNIC.
+"""
+
+from __future__ import annotations
+
+import errno
+import struct
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from libshift.providers.tcp import wire
+from libshift.verbs.enums import ibv_send_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode
+from libshift.verbs.errors import VerbsRDMAError
+from libshift.verbs.wr import WC, SendWR
+
+if TYPE_CHECKING:
+    from libshift.providers.tcp.qp import TcpQP
+
+WR = ibv_wr_opcode
+ATOMICS = frozenset({WR.IBV_WR_ATOMIC_CMP_AND_SWP, WR.IBV_WR_ATOMIC_FETCH_AND_ADD})
+WRITES_LOCAL = ATOMICS | {WR.IBV_WR_RDMA_READ}  # results land in local memory
+WIRE_OP = {
+    WR.IBV_WR_SEND: wire.Op.SEND,
+    WR.IBV_WR_SEND_WITH_IMM: wire.Op.SEND_IMM,
+    WR.IBV_WR_RDMA_WRITE: wire.Op.WRITE,
+    WR.IBV_WR_RDMA_WRITE_WITH_IMM: wire.Op.WRITE_IMM,
+    WR.IBV_WR_RDMA_READ: wire.Op.READ_REQ,
+    WR.IBV_WR_ATOMIC_CMP_AND_SWP: wire.Op.CMP_SWP,
+    WR.IBV_WR_ATOMIC_FETCH_AND_ADD: wire.Op.FETCH_ADD,
+}
+WC_OP = {
+    WR.IBV_WR_SEND: ibv_wc_opcode.IBV_WC_SEND,
+    WR.IBV_WR_SEND_WITH_IMM: ibv_wc_opcode.IBV_WC_SEND,
+    WR.IBV_WR_RDMA_WRITE: ibv_wc_opcode.IBV_WC_RDMA_WRITE,
+    WR.IBV_WR_RDMA_WRITE_WITH_IMM: ibv_wc_opcode.IBV_WC_RDMA_WRITE,
+    WR.IBV_WR_RDMA_READ: ibv_wc_opcode.IBV_WC_RDMA_READ,
+    WR.IBV_WR_ATOMIC_CMP_AND_SWP: ibv_wc_opcode.IBV_WC_COMP_SWAP,
+    WR.IBV_WR_ATOMIC_FETCH_AND_ADD: ibv_wc_opcode.IBV_WC_FETCH_ADD,
+}
+ATOMIC_VALUE = struct.Struct("=Q")
+# IB's encoded RNR NAK timer (C9-138), in milliseconds; 0 is the longest.
+RNR_DELAY_MS = (
+    655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.32, 0.48, 0.64, 0.96, 1.28, 1.92,
+    2.56, 3.84, 5.12, 7.68, 10.24, 15.36, 20.48, 30.72, 40.96, 61.44, 81.92, 122.88, 163.84, 245.76,
+    327.68, 491.52,
+)  # fmt: skip
+RNR_FOREVER = 7
+# plain ints: IntFlag arithmetic costs microseconds, and these are tested on every post
+INLINE = int(ibv_send_flags.IBV_SEND_INLINE)
+SIGNALED = int(ibv_send_flags.IBV_SEND_SIGNALED)
+SOLICITED = int(ibv_send_flags.IBV_SEND_SOLICITED)
+
+
+def ack_deadline(timeout: int, retry_cnt: int) -> float | None:
+    """Seconds without progress before RETRY_EXC_ERR; None for timeout 0 (IB: wait forever)."""
+    return None if timeout == 0 else 4.096e-6 * (1 << timeout) * (retry_cnt + 1)
+
+
+@dataclass(slots=True)
+class Outstanding:
+    """A posted send WR until it completes; `local` are its resolved local buffers (or inline bytes)."""
+
+    wr: SendWR
+    seq: int
+    signaled: bool
+    local: list[memoryview] | bytes
+    length: int
+    error: ibv_wc_status | None = None
+    rnr_tries: int = 0
+
+
+class Requester:
+    def __init__(self, qp: TcpQP) -> None:
+        self.qp = qp
+        self.sq: deque[Outstanding] = deque()
+        self.next_seq = 0
+        self.tx_seq = 0
+        self.rnr_wait = False
+        self.deadline: float | None = (
+            None  # the ack deadline; the engine's timer may fire earlier, never later
+        )
+        self._timer_armed = False
+        self._rnr_timer = object()
+
+    def start(self, psn: int) -> None:
+        self.next_seq = self.tx_seq = psn
+
+    # -- posting ------------------------------------------------------------------------------------------
+
+    def post(self, wr: SendWR) -> None:
+        qp = self.qp
+        if len(self.sq) >= qp.cap.max_send_wr:
+            raise VerbsRDMAError(f"QP {qp.qp_num}: send queue full ({qp.cap.max_send_wr} WRs)", errno.ENOMEM)
+        op = wr.opcode
+        if op not in WIRE_OP:
+            raise VerbsRDMAError(f"QP {qp.qp_num}: unknown send opcode {op}")
+        flags = int(wr.send_flags)
+        sges = wr.sges()
+        if len(sges) > qp.cap.max_send_sge:
+            raise VerbsRDMAError(f"QP {qp.qp_num}: {len(sges)} SGEs, max_send_sge is {qp.cap.max_send_sge}")
+        length = sum(sge.length for sge in sges)
+        inline = bool(flags & INLINE) and op not in WRITES_LOCAL
+        if inline and length > qp.cap.max_inline_data:
+            limit = qp.cap.max_inline_data
+            raise VerbsRDMAError(f"QP {qp.qp_num}: {length} B inline, max_inline_data is {limit}")
+        if op in ATOMICS and (len(sges) != 1 or length != 8):
+            raise VerbsRDMAError(f"QP {qp.qp_num}: an atomic needs one SGE of 8 bytes")
+        item = Outstanding(
+            wr=wr,
+            seq=self.next_seq,
+            signaled=qp.sq_sig_all or bool(flags & SIGNALED),
+            local=[],
+            length=length,
+        )
+        local = [qp.pd.local(sge.lkey, sge.addr, sge.length, op in WRITES_LOCAL) for sge in sges]
+        if inline:
+            item.local = b"".join(bytes(view) for view in local if view is not None)
+        if any(view is None for view in local):
+            item.error = ibv_wc_status.IBV_WC_LOC_PROT_ERR
+        elif not inline:
+            item.local = local  # type: ignore[assignment]
+        self.next_seq += 1
+        self.sq.append(item)
+        if len(self.sq) == 1:
+            self._arm()
+
+    # -- frames out ---------------------------------------------------------------------------------------
+
+    def next_request(self, ack: int | None) -> list[bytes | memoryview] | None:
+        """The next request frame, carrying `ack` (the responder's pending cumulative ack) if not None."""
+        if self.rnr_wait or not self.sq:
+            return None
+        index = self.tx_seq - self.sq[0].seq
+        if index >= len(self.sq):
+            return None
+        item = self.sq[index]
+        if item.error is not None:
+            self.qp.fail(item, item.error)
+            return None
+        self.tx_seq += 1
+        wr = item.wr
+        op = WIRE_OP[wr.opcode]
+        flags = wire.FLAG_SOLICITED if int(wr.send_flags) & SOLICITED else 0
+        if ack is not None:
+            flags |= wire.FLAG_ACK
+        header = wire.pack(
+            op,
+            item.seq,
+            item.length,
+            flags=flags,
+            ack=ack or 0,
+            rkey=wr.rkey,
+            imm=wr.imm_data,
+            addr=wr.remote_addr,
+            arg1=wr.compare_add,
+            arg2=wr.swap,
+        )
+        if op in wire.CARRIES_PAYLOAD:
+            return [header, *([item.local] if isinstance(item.local, bytes) else item.local)]
+        return [header]
+
+    # -- responses in -------------------------------------------------------------------------------------
+
+    def _outstanding(self, wire_seq: int) -> int | None:
+        """The internal sequence number a response names, if it names a request already sent."""
+        if not self.sq:
+            return None
+        base = self.sq[0].seq
+        seq = base + ((wire_seq - base) & wire.SEQ_MASK)
+        return seq if seq < self.tx_seq else None
+
+    def on_ack(self, wire_seq: int) -> None:
+        seq = self._outstanding(wire_seq)
+        if seq is not None:
+            self.complete_upto(seq)
+
+    def on_nak(self, wire_seq: int, syndrome: int, rnr_timer: int) -> None:
+        seq = self._outstanding(wire_seq)
+        if seq is None:
+            return
+        self.complete_upto(seq - 1)
+        item = self.sq[0]
+        if syndrome != wire.NAK_RNR:
+            status = ibv_wc_status(syndrome) if syndrome in ibv_wc_status._value2member_map_ else None
+            self.qp.fail(item, status or ibv_wc_status.IBV_WC_REM_OP_ERR)
+            return
+        if self.qp.rnr_retry != RNR_FOREVER and item.rnr_tries >= self.qp.rnr_retry:
+            self.qp.fail(item, ibv_wc_status.IBV_WC_RNR_RETRY_EXC_ERR)
+            return
+        item.rnr_tries += 1
+        self.tx_seq = item.seq  # go back: the responder drops everything after the NAK'd request
+        self.rnr_wait = True
+        delay = RNR_DELAY_MS[rnr_timer & 31] / 1000
+        self.deadline = None
+        self.qp.engine.set_timer(
+            self._rnr_timer, time.monotonic() + delay, self._rnr_resume, self.qp.on_engine_error
+        )
+
+    def _rnr_resume(self) -> None:
+        self.rnr_wait = False
+        self._arm()
+        self.qp.pump()
+
+    def response_targets(self, hdr: wire.Header) -> list[memoryview] | None:
+        """Where a READ response's data goes: the READ's local buffers, if it is the one outstanding."""
+        seq = self._outstanding(hdr.seq)
+        if seq is None:
+            return None
+        item = self.sq[seq - self.sq[0].seq]
+        if item.wr.opcode != WR.IBV_WR_RDMA_READ or hdr.length != item.length:
+            return None
+        return list(item.local) if isinstance(item.local, list) else None
+
+    def on_read_response(self, hdr: wire.Header, placed: bool) -> None:
+        seq = self._outstanding(hdr.seq)
+        if seq is None:
+            return
+        if not placed:
+            self.qp.fail(self.sq[seq - self.sq[0].seq], ibv_wc_status.IBV_WC_BAD_RESP_ERR)
+            return
+        self.complete_upto(seq)
+
+    def on_atomic_response(self, hdr: wire.Header) -> None:
+        seq = self._outstanding(hdr.seq)
+        if seq is None:
+            return
+        item = self.sq[seq - self.sq[0].seq]
+        if item.wr.opcode not in ATOMICS or not isinstance(item.local, list):
+            self.qp.fail(item, ibv_wc_status.IBV_WC_BAD_RESP_ERR)
+            return
+        ATOMIC_VALUE.pack_into(item.local[0], 0, hdr.arg1)
+        self.complete_upto(seq)
+
+    # -- completion ---------------------------------------------------------------------------------------
+
+    def complete_upto(self, seq: int) -> None:
+        progressed = False
+        while self.sq and self.sq[0].seq <= seq:
+            item = self.sq.popleft()
+            progressed = True
+            if item.signaled:
+                self.qp.complete_send(item, ibv_wc_status.IBV_WC_SUCCESS)
+        if progressed:
+            self._arm()
+
+    def pop_all(self) -> list[Outstanding]:
+        items = list(self.sq)
+        self.sq.clear()
+        self.tx_seq = self.next_seq
+        self.rnr_wait = False
+        self.deadline = None
+        self._timer_armed = False
+        self.qp.engine.set_timer(self, None, self._check_deadline)
+        self.qp.engine.set_timer(self._rnr_timer, None, self._rnr_resume)
+        return items
+
+    def wc(self, item: Outstanding, status: ibv_wc_status) -> WC:
+        return WC(
+            wr_id=item.wr.wr_id,
+            status=status,
+            opcode=WC_OP[item.wr.opcode],
+            qp_num=self.qp.qp_num,
+            byte_len=item.length,
+        )
+
+    # -- the ack deadline ---------------------------------------------------------------------------------
+
+    def _arm(self) -> None:
+        """Restart the ack deadline from now while anything is outstanding (and not waiting out an RNR).
+
+        Only the deadline moves; the engine's timer stays where it is and, when it fires early, is set again
+        for the deadline, so the busy path costs no engine wake-up.
+        """
+        total = ack_deadline(self.qp.timeout, self.qp.retry_cnt)
+        if not self.sq or total is None or self.rnr_wait:
+            self.deadline = None
+            return
+        self.deadline = time.monotonic() + total
+        if not self._timer_armed:
+            self._timer_armed = True
+            self.qp.engine.set_timer(self, self.deadline, self._check_deadline, self.qp.on_engine_error)
+
+    def _check_deadline(self) -> None:
+        self._timer_armed = False
+        if self.deadline is None or not self.sq:
+            return
+        if time.monotonic() >= self.deadline:
+            self.qp.fail(self.sq[0], ibv_wc_status.IBV_WC_RETRY_EXC_ERR)
+            return
+        self._timer_armed = True
+        self.qp.engine.set_timer(self, self.deadline, self._check_deadline, self.qp.on_engine_error)

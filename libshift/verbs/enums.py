@@ -1,0 +1,103 @@
+"""ibverbs enumerations with ibverbs' names and values, so pyverbs code ports by changing imports."""
+
+from __future__ import annotations
+
+from enum import IntEnum, IntFlag
+
+
+class ibv_wr_opcode(IntEnum):
+    IBV_WR_RDMA_WRITE = 0
+    IBV_WR_RDMA_WRITE_WITH_IMM = 1
+    IBV_WR_SEND = 2
+    IBV_WR_SEND_WITH_IMM = 3
+    IBV_WR_RDMA_READ = 4
+    IBV_WR_ATOMIC_CMP_AND_SWP = 5
+    IBV_WR_ATOMIC_FETCH_AND_ADD = 6
+
+
+class ibv_wc_status(IntEnum):
+    IBV_WC_SUCCESS = 0
+    IBV_WC_LOC_LEN_ERR = 1
+    IBV_WC_LOC_QP_OP_ERR = 2
+    IBV_WC_LOC_EEC_OP_ERR = 3
+    IBV_WC_LOC_PROT_ERR = 4
+    IBV_WC_WR_FLUSH_ERR = 5
+    IBV_WC_MW_BIND_ERR = 6
+    IBV_WC_BAD_RESP_ERR = 7
+    IBV_WC_LOC_ACCESS_ERR = 8
+    IBV_WC_REM_INV_REQ_ERR = 9
+    IBV_WC_REM_ACCESS_ERR = 10
+    IBV_WC_REM_OP_ERR = 11
+    IBV_WC_RETRY_EXC_ERR = 12
+    IBV_WC_RNR_RETRY_EXC_ERR = 13
+    IBV_WC_LOC_RDD_VIOL_ERR = 14
+    IBV_WC_REM_INV_RD_REQ_ERR = 15
+    IBV_WC_REM_ABORT_ERR = 16
+    IBV_WC_INV_EECN_ERR = 17
+    IBV_WC_INV_EEC_STATE_ERR = 18
+    IBV_WC_FATAL_ERR = 19
+    IBV_WC_RESP_TIMEOUT_ERR = 20
+    IBV_WC_GENERAL_ERR = 21
+
+
+class ibv_wc_opcode(IntEnum):
+    IBV_WC_SEND = 0
+    IBV_WC_RDMA_WRITE = 1
+    IBV_WC_RDMA_READ = 2
+    IBV_WC_COMP_SWAP = 3
+    IBV_WC_FETCH_ADD = 4
+    IBV_WC_BIND_MW = 5
+    IBV_WC_RECV = 128
+    IBV_WC_RECV_RDMA_WITH_IMM = 129
+
+
+class ibv_wc_flags(IntFlag):
+    IBV_WC_GRH = 1
+    IBV_WC_WITH_IMM = 2
+
+
+class ibv_send_flags(IntFlag):
+    IBV_SEND_FENCE = 1
+    IBV_SEND_SIGNALED = 2
+    IBV_SEND_SOLICITED = 4
+    IBV_SEND_INLINE = 8
+
+
+class ibv_access_flags(IntFlag):
+    IBV_ACCESS_LOCAL_WRITE = 1
+    IBV_ACCESS_REMOTE_WRITE = 2
+    IBV_ACCESS_REMOTE_READ = 4
+    IBV_ACCESS_REMOTE_ATOMIC = 8
+
+
+class ibv_qp_state(IntEnum):
+    IBV_QPS_RESET = 0
+    IBV_QPS_INIT = 1
+    IBV_QPS_RTR = 2
+    IBV_QPS_RTS = 3
+    IBV_QPS_SQD = 4
+    IBV_QPS_SQE = 5
+    IBV_QPS_ERR = 6
+
+
+class ibv_qp_type(IntEnum):
+    IBV_QPT_RC = 2
+
+
+# Module-level names, as pyverbs.enums offers them (`e.IBV_WR_SEND`).
+globals().update(
+    {
+        member.name: member
+        for enum in (
+            ibv_wr_opcode,
+            ibv_wc_status,
+            ibv_wc_opcode,
+            ibv_wc_flags,
+            ibv_send_flags,
+            ibv_access_flags,
+            ibv_qp_state,
+            ibv_qp_type,
+        )
+        for member in enum
+    }
+)

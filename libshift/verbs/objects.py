@@ -1,0 +1,213 @@
+"""The public verbs objects, shaped after pyverbs; each delegates to its provider's object.
+
+These are the objects the failover layer wraps. Argument checks that hold for every provider live here, so
+a provider only implements the transport.
+"""
+
+from __future__ import annotations
+
+import errno
+from types import TracebackType
+from typing import Self
+
+from libshift.device import find_device
+from libshift.providers import DeviceInfo, ProviderContext, ProviderCQ
+from libshift.verbs.attrs import Endpoint, QPAttr, QPCap, QPInitAttr
+from libshift.verbs.enums import ibv_qp_state, ibv_qp_type
+from libshift.verbs.errors import VerbsError, VerbsRDMAError
+from libshift.verbs.wr import WC, RecvWR, SendWR
+
+
+class _Closable:
+    """`with` support and idempotent close, as pyverbs objects have."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class Context(_Closable):
+    """An opened device: `Context(name="mlx5_0")`; `provider` picks one when names clash."""
+
+    def __init__(self, name: str, provider: str | None = None) -> None:
+        prov, device = find_device(name, provider)
+        self.device: DeviceInfo = device
+        self.name = name
+        self.impl: ProviderContext = prov.open(device)
+
+    def query_gid(self, port_num: int = 1, index: int = 0) -> str:
+        """The device's GID (tcp: the IPv4-mapped IPv6 form of the netdev's address)."""
+        return self.impl.gid()
+
+    def close(self) -> None:
+        self.impl.close()
+
+
+class PD(_Closable):
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.impl = ctx.impl.alloc_pd()
+
+    def close(self) -> None:
+        self.impl.close()
+
+
+class MR(_Closable):
+    """Registered memory owned by the MR; `buf` is its address (for SGE and remote_addr), `view` its bytes."""
+
+    def __init__(self, pd: PD, length: int, access: int) -> None:
+        if length <= 0:
+            raise VerbsRDMAError(f"MR length must be positive, got {length}")
+        self.pd = pd
+        self.impl = pd.impl.reg_mr(length, int(access))
+
+    buf = property(lambda self: self.impl.addr)
+    length = property(lambda self: self.impl.length)
+    lkey = property(lambda self: self.impl.lkey)
+    rkey = property(lambda self: self.impl.rkey)
+    access = property(lambda self: self.impl.access)
+    view = property(lambda self: self.impl.view)
+
+    def read(self, length: int, offset: int = 0) -> bytes:
+        self._check(length, offset)
+        return bytes(self.impl.view[offset : offset + length])
+
+    def write(self, data: bytes, length: int | None = None, offset: int = 0) -> None:
+        length = len(data) if length is None else length
+        self._check(length, offset)
+        self.impl.view[offset : offset + length] = data[:length]
+
+    def _check(self, length: int, offset: int) -> None:
+        if offset < 0 or length < 0 or offset + length > self.impl.length:
+            raise VerbsRDMAError(f"range {offset}+{length} is outside the MR of {self.impl.length} bytes")
+
+    def close(self) -> None:
+        self.impl.close()
+
+
+class CompChannel(_Closable):
+    """Blocking waits for completions: arm a CQ with req_notify(), then get_cq_event()."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.impl = ctx.impl.create_comp_channel()
+
+    def get_cq_event(self, cq: CQ | None = None, timeout: float | None = None) -> CQ:
+        """Block until an armed CQ of this channel gets a completion; TimeoutError after `timeout` s."""
+        got = self.impl.get_cq_event(timeout)
+        if got is None:
+            raise TimeoutError(f"no completion event within {timeout} s")
+        return got.owner  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self.impl.close()
+
+
+class CQ(_Closable):
+    def __init__(
+        self,
+        ctx: Context,
+        cqe: int,
+        cq_context: object = None,
+        channel: CompChannel | None = None,
+        comp_vector: int = 0,
+    ) -> None:
+        if cqe <= 0:
+            raise VerbsRDMAError(f"CQ size must be positive, got {cqe}")
+        self.ctx = ctx
+        self.channel = channel
+        self.impl: ProviderCQ = ctx.impl.create_cq(cqe, channel.impl if channel else None)
+        self.impl.owner = self
+
+    def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:
+        """Up to num_entries completions, oldest first, as (count, list) like pyverbs."""
+        wcs = self.impl.poll(num_entries)
+        return len(wcs), wcs
+
+    def req_notify(self, solicited_only: bool = False) -> None:
+        if self.channel is None:
+            raise VerbsRDMAError("req_notify needs a CQ created with a completion channel")
+        self.impl.req_notify(solicited_only)
+
+    def ack_events(self, num_events: int = 1) -> None:
+        """Accepted for pyverbs compatibility; events need no acknowledgement here."""
+
+    def close(self) -> None:
+        self.impl.close()
+
+
+class QP(_Closable):
+    """An RC queue pair: RESET -> INIT -> RTR -> RTS, ERR on a transport error."""
+
+    def __init__(self, pd: PD, init_attr: QPInitAttr) -> None:
+        if init_attr.qp_type != ibv_qp_type.IBV_QPT_RC:
+            raise VerbsRDMAError("only RC queue pairs are supported", errno.EOPNOTSUPP)
+        if init_attr.scq is None or init_attr.rcq is None:
+            raise VerbsRDMAError("QPInitAttr needs scq and rcq")
+        for cq in (init_attr.scq, init_attr.rcq):
+            if cq.ctx is not pd.ctx:
+                raise VerbsRDMAError("the CQs of a QP must belong to the QP's device context")
+        self.pd = pd
+        self.impl = pd.impl.create_qp(
+            init_attr.scq.impl, init_attr.rcq.impl, init_attr.cap, init_attr.sq_sig_all
+        )
+
+    @property
+    def qp_num(self) -> int:
+        return self.impl.qp_num
+
+    @property
+    def qp_state(self) -> ibv_qp_state:
+        return self.impl.state
+
+    @property
+    def cap(self) -> QPCap:
+        return self.impl.cap
+
+    def endpoint(self) -> Endpoint:
+        """This QP's connection data, to hand to the peer."""
+        return self.impl.endpoint()
+
+    def modify(self, attr: QPAttr) -> None:
+        self.impl.modify(attr)
+
+    def to_init(self, attr: QPAttr | None = None) -> None:
+        self._to(ibv_qp_state.IBV_QPS_INIT, attr)
+
+    def to_rtr(self, attr: QPAttr) -> None:
+        if attr.dest is None:
+            raise VerbsError("to_rtr needs attr.dest, the peer's Endpoint")
+        self._to(ibv_qp_state.IBV_QPS_RTR, attr)
+
+    def to_rts(self, attr: QPAttr | None = None) -> None:
+        self._to(ibv_qp_state.IBV_QPS_RTS, attr)
+
+    def to_err(self) -> None:
+        self._to(ibv_qp_state.IBV_QPS_ERR, None)
+
+    def connect(self, remote: Endpoint, attr: QPAttr | None = None) -> None:
+        """RESET -> INIT -> RTR -> RTS towards `remote` in one call, with `attr` for the rest."""
+        attr = attr or QPAttr()
+        attr.dest = remote
+        for step in (self.to_init, self.to_rtr, self.to_rts):
+            step(attr)
+
+    def _to(self, state: ibv_qp_state, attr: QPAttr | None) -> None:
+        attr = attr or QPAttr()
+        attr.qp_state = state
+        self.impl.modify(attr)
+
+    def post_send(self, wr: SendWR) -> None:
+        self.impl.post_send(wr)
+
+    def post_recv(self, wr: RecvWR) -> None:
+        self.impl.post_recv(wr)
+
+    def close(self) -> None:
+        self.impl.close()

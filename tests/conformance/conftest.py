@@ -1,0 +1,191 @@
+"""Fixtures of the verbs conformance suite: a two-host fabric, and connected RC QP pairs on it.
+
+The test bodies use only the verbs API. Everything provider-specific lives here: which devices the two
+hosts have and how a link is broken. SHIFT_TEST_PROVIDER picks the provider (default tcp); the tcp fabric
+is two network namespaces joined by a veth pair (prefix `vx`), removed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from libshift.netns import VethPair
+from libshift.verbs import CQ, MR, PD, QP, WC, CompChannel, Context, QPAttr, QPCap, QPInitAttr
+from libshift.verbs import enums as e
+
+PROVIDER = os.environ.get("SHIFT_TEST_PROVIDER", "tcp")
+ALL_ACCESS = (
+    e.IBV_ACCESS_LOCAL_WRITE
+    | e.IBV_ACCESS_REMOTE_WRITE
+    | e.IBV_ACCESS_REMOTE_READ
+    | e.IBV_ACCESS_REMOTE_ATOMIC
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.lab)
+
+
+class TcpLink:
+    """Host A's end of the link, broken for real: set down, or black-holed (up, egress dropped by tc)."""
+
+    def __init__(self, fabric: VethPair) -> None:
+        self._fabric = fabric
+
+    def down(self) -> None:
+        self._fabric.down(0)
+
+    def blackhole(self) -> None:
+        self._fabric.blackhole(0)
+
+    def restore(self) -> None:
+        self._fabric.restore(0)
+
+
+@dataclass
+class Fabric:
+    devices: tuple[str, str]
+    link: TcpLink
+
+
+def _tcp_fabric() -> Iterator[Fabric]:
+    saved = os.environ.get("SHIFT_TCP_DEVICES")
+    with VethPair("vx") as pair:
+        os.environ["SHIFT_TCP_DEVICES"] = pair.tcp_devices("vx_a", "vx_b")
+        try:
+            yield Fabric(devices=("vx_a", "vx_b"), link=TcpLink(pair))
+        finally:
+            if saved is None:
+                os.environ.pop("SHIFT_TCP_DEVICES", None)
+            else:
+                os.environ["SHIFT_TCP_DEVICES"] = saved
+
+
+@pytest.fixture(scope="session")
+def fabric() -> Iterator[Fabric]:
+    if PROVIDER != "tcp":
+        pytest.fail(f"SHIFT_TEST_PROVIDER={PROVIDER}: this suite has no fabric fixture for that provider yet")
+    yield from _tcp_fabric()
+
+
+@pytest.fixture
+def link(fabric: Fabric) -> Iterator[TcpLink]:
+    """The link between the hosts, restored after the test whatever the test did to it."""
+    yield fabric.link
+    fabric.link.restore()
+
+
+@pytest.fixture(scope="session")
+def contexts(fabric: Fabric) -> Iterator[tuple[Context, Context]]:
+    a, b = Context(name=fabric.devices[0]), Context(name=fabric.devices[1])
+    yield a, b
+    a.close()
+    b.close()
+
+
+@dataclass
+class Side:
+    """One end of a connection: its PD, a CQ with a completion channel, a QP, and one MR."""
+
+    ctx: Context
+    pd: PD
+    channel: CompChannel
+    cq: CQ
+    qp: QP
+    mr: MR
+    extra: list[MR] = field(default_factory=list)
+
+    def reg(self, length: int, access: int = ALL_ACCESS) -> MR:
+        mr = MR(self.pd, length, access)
+        self.extra.append(mr)
+        return mr
+
+    def wait(self, count: int = 1, timeout: float = 10.0) -> list[WC]:
+        """Exactly `count` completions (or fewer at the timeout), blocking on the channel meanwhile."""
+        got: list[WC] = []
+        deadline = time.monotonic() + timeout
+        while len(got) < count:
+            got += self.cq.poll(count - len(got))[1]
+            if len(got) >= count:
+                break
+            self.cq.req_notify()
+            got += self.cq.poll(count - len(got))[1]
+            left = deadline - time.monotonic()
+            if len(got) >= count or left <= 0:
+                break
+            try:
+                self.channel.get_cq_event(timeout=left)
+            except TimeoutError:
+                break
+        return got
+
+    def close(self) -> None:
+        for obj in (self.qp, self.mr, *self.extra, self.cq, self.channel, self.pd):
+            obj.close()
+
+
+@dataclass
+class Pair:
+    a: Side
+    b: Side
+
+    def connect(self, access: int = ALL_ACCESS, **attrs: int) -> None:
+        connect(self.a, self.b, access, **attrs)
+
+
+def connect(a: Side, b: Side, access: int = ALL_ACCESS, **attrs: int) -> None:
+    """Bring both QPs to RTS towards each other, with QP attributes `attrs` (timeout, ...) on both sides."""
+    ea, eb = a.qp.endpoint(), b.qp.endpoint()
+    for side, remote in ((a, eb), (b, ea)):
+        side.qp.to_init(QPAttr(qp_access_flags=access))
+        side.qp.to_rtr(QPAttr(dest=remote, **attrs))
+    for side in (a, b):
+        side.qp.to_rts(QPAttr(**attrs))
+
+
+MakePair = Callable[..., Pair]
+
+
+@pytest.fixture
+def make_pair(contexts: tuple[Context, Context]) -> Iterator[MakePair]:
+    """make_pair(mr_size=..., cap=QPCap(...), cqe=..., sq_sig_all=..., connected=True, **qp_attrs)."""
+    sides: list[Side] = []
+
+    def side(ctx: Context, mr_size: int, cap: QPCap, cqe: int, sq_sig_all: bool) -> Side:
+        pd = PD(ctx)
+        channel = CompChannel(ctx)
+        cq = CQ(ctx, cqe, channel=channel)
+        qp = QP(pd, QPInitAttr(scq=cq, rcq=cq, cap=cap, sq_sig_all=sq_sig_all))
+        made = Side(ctx, pd, channel, cq, qp, MR(pd, mr_size, ALL_ACCESS))
+        sides.append(made)
+        return made
+
+    def make(
+        mr_size: int = 1 << 16,
+        cap: QPCap | None = None,
+        cqe: int = 1024,
+        sq_sig_all: bool = False,
+        connected: bool = True,
+        **attrs: int,
+    ) -> Pair:
+        pair = Pair(*(side(ctx, mr_size, cap or QPCap(), cqe, sq_sig_all) for ctx in contexts))
+        if connected:
+            pair.connect(**attrs)
+        return pair
+
+    yield make
+    for made in sides:
+        made.close()
+
+
+@pytest.fixture
+def pair(make_pair: MakePair) -> Pair:
+    return make_pair()
