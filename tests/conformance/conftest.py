@@ -2,21 +2,23 @@
 
 The test bodies use only the verbs API. Everything provider-specific lives here: which devices the two
 hosts have and how a link is broken. SHIFT_TEST_PROVIDER picks the provider (default tcp); the tcp fabric
-is two network namespaces joined by a veth pair (prefix `vx`), removed at the end of the session.
+is a lab of two hosts (`shift-lab`, prefix `vx`) whose links shiftd breaks (`shiftctl fail-nic`, down or
+black hole), removed at the end of the session.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
 
-from libshift.netns import VethPair
 from libshift.verbs import CQ, MR, PD, QP, WC, CompChannel, Context, QPAttr, QPCap, QPInitAttr
 from libshift.verbs import enums as e
+from shiftd.lab import Lab
 
 PROVIDER = os.environ.get("SHIFT_TEST_PROVIDER", "tcp")
 ALL_ACCESS = (
@@ -34,39 +36,50 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.lab)
 
 
-class TcpLink:
-    """Host A's end of the link, broken for real: set down, or black-holed (up, egress dropped by tc)."""
+class LabLink:
+    """Host h0's NIC on the lab fabric, broken for real by its shiftd, as an operator would with shiftctl."""
 
-    def __init__(self, fabric: VethPair) -> None:
-        self._fabric = fabric
+    def __init__(self, lab: Lab, host: str = "h0", device: str = "mlx5_0") -> None:
+        self._lab, self._host, self._device = lab, host, device
+
+    def _shiftctl(self, *args: str) -> None:
+        argv, env = self._lab.exec_command(self._host, ["shiftctl", *args])
+        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
 
     def down(self) -> None:
-        self._fabric.down(0)
+        self._shiftctl("fail-nic", self._device, "--mode", "down")
 
     def blackhole(self) -> None:
-        self._fabric.blackhole(0)
+        self._shiftctl("fail-nic", self._device, "--mode", "blackhole")
 
     def restore(self) -> None:
-        self._fabric.restore(0)
+        self._shiftctl("recover-nic", self._device)
 
 
 @dataclass
 class Fabric:
     devices: tuple[str, str]
-    link: TcpLink
+    link: LabLink
 
 
 def _tcp_fabric() -> Iterator[Fabric]:
+    """Two lab hosts (h0, h1) on one rail; the devices are their mlx5_0, each in its host's namespace."""
     saved = os.environ.get("SHIFT_TCP_DEVICES")
-    with VethPair("vx") as pair:
-        os.environ["SHIFT_TCP_DEVICES"] = pair.tcp_devices("vx_a", "vx_b")
-        try:
-            yield Fabric(devices=("vx_a", "vx_b"), link=TcpLink(pair))
-        finally:
-            if saved is None:
-                os.environ.pop("SHIFT_TCP_DEVICES", None)
-            else:
-                os.environ["SHIFT_TCP_DEVICES"] = saved
+    lab = Lab(f"vx{os.getpid() % 100000}", hosts=2, nics=1)
+    lab.up()
+    netdev = lab.shape.netdev(0)
+    os.environ["SHIFT_TCP_DEVICES"] = (
+        f"vx_a={netdev}@{lab.namespace('h0')},vx_b={netdev}@{lab.namespace('h1')}"
+    )
+    try:
+        yield Fabric(devices=("vx_a", "vx_b"), link=LabLink(lab))
+    finally:
+        lab.down()
+        if saved is None:
+            os.environ.pop("SHIFT_TCP_DEVICES", None)
+        else:
+            os.environ["SHIFT_TCP_DEVICES"] = saved
 
 
 @pytest.fixture(scope="session")
@@ -77,7 +90,7 @@ def fabric() -> Iterator[Fabric]:
 
 
 @pytest.fixture
-def link(fabric: Fabric) -> Iterator[TcpLink]:
+def link(fabric: Fabric) -> Iterator[LabLink]:
     """The link between the hosts, restored after the test whatever the test did to it."""
     yield fabric.link
     fabric.link.restore()
