@@ -2,25 +2,15 @@
 
 import logging
 import signal
-import time
 
 import pytest
-from daemon_harness import DaemonProcess
+from waiting import wait_until
 
 from libshift.agent import Agent
 from libshift.api.shift.v1 import admin_pb2, common_pb2
 from libshift.verbs.attrs import Endpoint
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
-
-
-def wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.02)
-    return predicate()
 
 
 def endpoint(qpn, gid="::ffff:127.0.0.1", device="mlx5_0"):
@@ -30,17 +20,8 @@ def endpoint(qpn, gid="::ffff:127.0.0.1", device="mlx5_0"):
 
 
 @pytest.fixture
-def daemon(tmp_path, etcd):
-    d = DaemonProcess(
-        tmp_path / "d",
-        sections={
-            "devices": {"mlx5_0": "lo"},
-            "etcd": {"endpoints": [etcd.endpoint], "lease_ttl_seconds": 3},
-        },
-    )
-    d.start()
-    yield d
-    d.stop()
+def daemon(etcd_daemon):
+    return etcd_daemon
 
 
 def test_events_mappings_and_reports(daemon):

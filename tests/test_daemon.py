@@ -17,21 +17,12 @@ from pathlib import Path
 import grpc
 import pytest
 from daemon_harness import DaemonProcess
+from waiting import wait_until
 
 from libshift.api.shift.v1 import admin_pb2, agent_pb2, common_pb2
 from shiftd.etcdproc import EtcdProcess
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
-
-
-def wait_until(predicate, timeout=10.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
 
 
 def mapping(qpn):
@@ -67,17 +58,8 @@ def daemon(tmp_path):
 
 
 @pytest.fixture
-def daemon_with_etcd(tmp_path, etcd):
-    d = DaemonProcess(
-        tmp_path / "d",
-        sections={
-            "devices": {"mlx5_0": "lo"},
-            "etcd": {"endpoints": [etcd.endpoint], "lease_ttl_seconds": 3},
-        },
-    )
-    d.start()
-    yield d, etcd
-    d.stop()
+def daemon_with_etcd(etcd_daemon, etcd):
+    return etcd_daemon, etcd
 
 
 # A child that loads everything as root, then drops to nobody and calls shiftd twice: an admin

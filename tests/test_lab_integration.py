@@ -16,6 +16,7 @@ import urllib.request
 
 import grpc
 import pytest
+from waiting import wait_until
 
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, common_pb2
 from shiftd import fabric, netns
@@ -32,16 +33,6 @@ def lab():
     lab.up()
     yield lab
     lab.down()
-
-
-def wait_until(predicate, timeout=10.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
 
 
 def shiftctl(lab, host, *args):
