@@ -24,7 +24,6 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _UCRED = struct.Struct("3i")
-_CHUNK = 1 << 18
 PEER_PREFIX = "unix-abstract:"  # how gRPC spells a peer bound to an abstract address
 
 
@@ -66,6 +65,62 @@ def group_id(name: str) -> int | None:
         return None
 
 
+class _Splice(asyncio.Protocol):
+    """One side of a relayed connection: what it receives is written to the other side at once.
+
+    Protocols rather than streams: no task wake-up per chunk between the two sockets, which is
+    what an agent's NIC event pays on its way through the relay. Flow control is passed across:
+    when one side's send buffer fills, the other side stops reading.
+    """
+
+    def __init__(
+        self,
+        on_made: Callable[[_Splice], None] = lambda splice: None,
+        on_lost: Callable[[_Splice], None] = lambda splice: None,
+    ) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.peer: _Splice | None = None
+        self.ended = False  # the other end of this socket will send no more
+        self._on_made = on_made
+        self._on_lost = on_lost
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._on_made(self)
+
+    def join(self, peer: _Splice) -> None:
+        self.peer, peer.peer = peer, self
+
+    def data_received(self, data: bytes) -> None:
+        assert self.peer is not None and self.peer.transport is not None  # reading starts once joined
+        self.peer.transport.write(data)
+
+    def eof_received(self) -> bool:
+        self.ended = True
+        peer = self.peer
+        if peer is None or peer.transport is None or peer.ended:  # both directions are done
+            if peer is not None and peer.transport is not None:
+                peer.transport.close()
+            return False  # asyncio closes this transport
+        if peer.transport.can_write_eof():
+            peer.transport.write_eof()
+        return True  # half-close: keep sending what the other side still has to say
+
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.close()
+        self._on_lost(self)
+
+
 class PeerCredRelay:
     """Accepts on `public_path`, relays to the gRPC server at `private_path`."""
 
@@ -85,6 +140,7 @@ class PeerCredRelay:
         self._token = secrets.token_hex(6)
         self._next_id = 0
         self._peers: dict[str, PeerCred] = {}
+        self._live: set[_Splice] = set()
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task] = set()
 
@@ -97,7 +153,8 @@ class PeerCredRelay:
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        self._server = await asyncio.start_unix_server(self._accept, path=str(path), limit=_CHUNK)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(self._accepted, path=str(path))
         os.chmod(path, self.mode)
         gid = group_id(self.group)
         if gid is None:
@@ -115,6 +172,9 @@ class PeerCredRelay:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        for splice in list(self._live):
+            if splice.transport is not None:
+                splice.transport.close()
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
@@ -124,41 +184,46 @@ class PeerCredRelay:
         name = peer.removeprefix(PEER_PREFIX)
         return self._peers.get(name)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
+    def _accepted(self) -> _Splice:
+        """A new caller: hold its bytes until the relay's own connection to gRPC is up."""
         name = f"shiftd-{self._token}-{self._next_id}"
         self._next_id += 1
+        return _Splice(
+            on_made=lambda splice: self._made(name, splice), on_lost=lambda splice: self._lost(name, splice)
+        )
+
+    def _made(self, name: str, downstream: _Splice) -> None:
+        assert downstream.transport is not None
+        downstream.transport.pause_reading()
+        self._live.add(downstream)
+        task = asyncio.get_running_loop().create_task(self._connect_upstream(name, downstream))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _connect_upstream(self, name: str, downstream: _Splice) -> None:
+        assert downstream.transport is not None
+        upstream_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            cred = peer_cred(writer.get_extra_info("socket"))
-            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            upstream.bind("\0" + name)
-            upstream.setblocking(False)
-            try:
-                await asyncio.get_running_loop().sock_connect(upstream, self.private_path)
-            except OSError:
-                upstream.close()
-                raise
-            self._peers[name] = cred
-            up_reader, up_writer = await asyncio.open_unix_connection(sock=upstream, limit=_CHUNK)
-            await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
-        except (OSError, asyncio.IncompleteReadError) as exc:
-            log.debug("relay %s ended: %s", name, exc)
-        finally:
-            if self._peers.pop(name, None) is not None and self._on_close is not None:
-                self._on_close(PEER_PREFIX + name)
-            writer.close()
-            self._tasks.discard(task)
+            cred = peer_cred(downstream.transport.get_extra_info("socket"))
+            upstream_sock.bind("\0" + name)
+            upstream_sock.setblocking(False)
+            loop = asyncio.get_running_loop()
+            await loop.sock_connect(upstream_sock, self.private_path)
+            upstream = _Splice()
+            await loop.create_unix_connection(lambda: upstream, sock=upstream_sock)
+        except OSError as exc:
+            log.warning("relay %s: cannot reach the gRPC server: %s", name, exc)
+            upstream_sock.close()
+            downstream.transport.close()
+            return
+        if downstream.transport.is_closing():  # the caller left while we connected
+            upstream.transport.close()
+            return
+        self._peers[name] = cred
+        downstream.join(upstream)
+        downstream.transport.resume_reading()
 
-
-async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    """Copy one direction until EOF, then half-close so the other side sees the end."""
-    try:
-        while data := await src.read(_CHUNK):
-            dst.write(data)
-            await dst.drain()
-        if dst.can_write_eof():
-            dst.write_eof()
-    except (ConnectionError, OSError):
-        dst.close()
+    def _lost(self, name: str, downstream: _Splice) -> None:
+        self._live.discard(downstream)
+        if self._peers.pop(name, None) is not None and self._on_close is not None:
+            self._on_close(PEER_PREFIX + name)
