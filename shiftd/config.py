@@ -30,6 +30,8 @@ class ServerConfig:
     socket_group: str = "shift"
     admin_group: str = "shift-admin"
     max_message_bytes: int = 1 << 20
+    publish_rate: float = 5000.0  # mappings a second that one connection may publish, sustained
+    publish_burst: int = 20000  # ... and at once
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ def _check_ranges(name: str, section: Any) -> None:
         "health": (),
         "monitors": ("rdma_poll_seconds",),
         "faults": ("flap_period_seconds",),
-        "server": ("max_message_bytes",),
+        "server": ("max_message_bytes", "publish_rate", "publish_burst"),
     }
     for key in positive.get(name, ()):
         if getattr(section, key) <= 0:

@@ -35,6 +35,7 @@ from shiftd.monitors.udev import UdevMonitor
 from shiftd.nic import FaultMode, NicState
 from shiftd.nics import NicRecord, NicTable
 from shiftd.peercred import PeerCred, PeerCredRelay, group_id
+from shiftd.ratelimit import RateLimiter
 from shiftd.registry import Registry
 from shiftd.sdnotify import Notifier
 from shiftd.server import start_grpc
@@ -75,12 +76,13 @@ class Daemon:
         self.nics = NicTable(specs, config.health.hold_down_seconds, self._on_transition, self._wake.set)
         self.agents = AgentTable(self.registry, self._on_agent_change)
         self.faults = FaultInjector(config.faults.flap_period_seconds)
+        self.publish_limiter = RateLimiter(config.server.publish_rate, config.server.publish_burst)
         self.relay = PeerCredRelay(
             config.server.socket,
             "",
             config.server.socket_mode,
             config.server.socket_group,
-            self.agents.connection_closed,
+            self._connection_closed,
         )
         self._admin_gid = group_id(config.server.admin_group)
         self._private_dir: Path | None = None
@@ -91,6 +93,10 @@ class Daemon:
     @property
     def udev_description(self) -> str:
         return self._udev.description if self._udev else "off (monitors.udev = false)"
+
+    def _connection_closed(self, connection: str) -> None:
+        self.agents.connection_closed(connection)
+        self.publish_limiter.forget(connection)
 
     def is_admin(self, cred: PeerCred) -> bool:
         return cred.uid == 0 or (self._admin_gid is not None and cred.in_group(self._admin_gid))

@@ -126,6 +126,12 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
 
     @unary()
     async def Publish(self, request, context, cred):
+        if not self.daemon.publish_limiter.take(context.peer(), len(request.qps) + len(request.mrs)):
+            limit = self.daemon.config.server
+            raise AgentError(
+                "RESOURCE_EXHAUSTED",
+                f"publish rate limit: {limit.publish_rate:g} mappings/s, bursts of {limit.publish_burst}",
+            )
         self.daemon.agents.publish(request.agent_id, cred, request.qps, request.mrs)
         self.daemon.mappings_changed()
         registry = self.daemon.registry
