@@ -45,7 +45,8 @@ class Registry:
         self.lease_ttl = lease_ttl
         self._link = EtcdLink(endpoints, timeout, retry_initial, retry_max, on_error)
         self._desired: dict[str, str] = {}  # full key -> value this daemon wants in etcd
-        self._written: dict[str, str | None] = {}  # full key -> value in etcd under our lease (None: unknown)
+        self._written: dict[str, str] = {}  # full key -> value in etcd under our lease
+        self._in_doubt: set[str] = set()  # keys of a transaction that failed: applied or not?
         self._dirty: set[str] = set()  # keys where the two differ
         self._lease_id: int | None = None
         self._audit = False  # an etcd call failed: its outcome, and the lease, are unknown
@@ -131,11 +132,7 @@ class Registry:
         return self.prefix + key
 
     def _mark(self, full: str) -> None:
-        if full in self._written:
-            dirty = self._written[full] is None or self._written[full] != self._desired.get(full)
-        else:
-            dirty = full in self._desired
-        if dirty:
+        if self._written.get(full) != self._desired.get(full):
             self._dirty.add(full)
             self._wake.set()
         else:
@@ -193,20 +190,38 @@ class Registry:
             self._next_refresh = asyncio.get_running_loop().time() + self.lease_ttl / 3
 
     async def _audit_lease(self) -> None:
-        """After a failure, learn what etcd really holds under our lease (or that it is gone)."""
+        """After a failure, learn what etcd really holds under our lease (or that it is gone).
+
+        A transaction whose reply was lost (a member died, a leader election outlasted the
+        timeout) may still have been applied. Its keys are read back rather than written again:
+        a second identical put would reach every watcher as a second event.
+        """
         info = await self._link.client.get_lease_info(self._lease_id, keys=True)
-        self._audit = False
         if info.TTL <= 0:
             self._link.report("lease_lost", f"lease {self._lease_id:x} not found")
             self._lease_lost()
             return
         attached = {key.decode() for key in info.keys}
-        for full in set(self._written) - attached:
-            del self._written[full]
-        for full in attached - set(self._written):
-            self._written[full] = None
-        for full in set(self._written) | set(self._desired):
+        unknown = attached - (self._written.keys() - self._in_doubt)
+        held = await self._held(unknown)
+        self._written = {full: self._written[full] for full in attached - unknown} | held
+        self._in_doubt.clear()
+        self._audit = False
+        for full in self._dirty | self._written.keys() | self._desired.keys():
             self._mark(full)
+
+    async def _held(self, keys: set[str]) -> dict[str, str]:
+        """The values etcd holds under our lease for `keys`, read in transactions (linearizable)."""
+        ops = self._link.client.transactions
+        wanted = sorted(keys)
+        held: dict[str, str] = {}
+        for start in range(0, len(wanted), MAX_TXN_OPS):
+            gets = [ops.get(full.encode()) for full in wanted[start : start + MAX_TXN_OPS]]
+            _, replies = await self._link.client.transaction(compare=[], success=gets, failure=[])
+            for value, kv in (found for reply in replies for found in reply):
+                if kv.lease == self._lease_id:
+                    held[kv.key.decode()] = value.decode()
+        return held
 
     def _lease_lost(self) -> None:
         """Every key went with the lease: all desired keys are pending again."""
@@ -217,6 +232,7 @@ class Registry:
         self._lease_id = None
         self._audit = False
         self._written.clear()
+        self._in_doubt.clear()
         self._dirty = set(self._desired)
 
     async def _flush(self) -> None:
@@ -227,6 +243,7 @@ class Registry:
         """
         batch = self._next_batch()
         ops = self._link.client.transactions
+        self._in_doubt = set(batch)  # until etcd answers
         try:
             await self._link.client.transaction(
                 compare=[],
@@ -245,6 +262,7 @@ class Registry:
             self._dirty.discard(full)
             self._link.report("rejected", f"{full}: {one_line(exc)}")
             return
+        self._in_doubt.clear()
         for full, value in batch.items():
             if value is None:
                 self._written.pop(full, None)

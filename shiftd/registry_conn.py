@@ -129,9 +129,15 @@ class EtcdLink:
             "grpc.initial_reconnect_backoff_ms": _ms(self.retry_initial),
             "grpc.min_reconnect_backoff_ms": _ms(self.retry_initial),
             "grpc.max_reconnect_backoff_ms": _ms(self.retry_max),
-            # A silently dead peer (no RST) must break watches too; etcd allows pings every 5 s.
-            "grpc.keepalive_time_ms": 10_000,
+            # A member that is alive to TCP but answers nothing (frozen, overloaded, cut off
+            # without RST) must lose its connection, or pick_first keeps sending every call,
+            # watches included, to it. gRPC notices only through an unanswered HTTP/2 ping, and
+            # waits a minute for one (ping_timeout) whatever keepalive_timeout says, and sends no
+            # keepalive ping while another ping is unanswered: bound every ping by the timeout.
+            # Pings every 6 s: etcd's floor is 5 s (--grpc-keepalive-min-time), closer gets GOAWAY.
+            "grpc.keepalive_time_ms": 6_000,
             "grpc.keepalive_timeout_ms": _ms(self.timeout),
+            "grpc.http2.ping_timeout_ms": _ms(self.timeout),
         }
         host, port = self._target
         self._client = aetcd.Client(host, port, timeout=self.timeout, options=options)

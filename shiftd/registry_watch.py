@@ -2,7 +2,9 @@
 
 aetcd's watcher ends a watch for good when its stream breaks, so this module speaks etcd's Watch
 RPC directly (one stream per watch) and keeps the one piece of state that makes a resume exact:
-the revision after the last event delivered.
+the revision after the last event delivered, or, before any event, after the revision the watch
+was created at (a "from now" watch that resumed "from now" would lose what was written while
+it was cut off).
 
 Rules:
 - stream broken (etcd restarted, member killed): re-watch from last revision + 1, after backoff;
@@ -85,16 +87,20 @@ async def watch_range(
                         raise _Resync(
                             f"revision {next_rev} compacted (compacted up to {resp.compact_revision})"
                         )
+                    if resp.canceled:
+                        raise _StreamEnded(f"etcd cancelled the watch: {resp.cancel_reason}")
                     if resp.created:
                         if cluster_id not in (None, resp.header.cluster_id) or (
                             next_rev is not None and resp.header.revision + 1 < next_rev
                         ):
                             raise _Resync(f"store at revision {resp.header.revision} is behind this watch")
+                        if next_rev is None:
+                            # "From now" means from this revision on, also after a reconnect:
+                            # etcd starts such a watch right after the created header's revision.
+                            next_rev = resp.header.revision + 1
                         cluster_id = resp.header.cluster_id
                         backoff.reset()
                         link.ok()
-                    if resp.canceled:
-                        raise _StreamEnded(f"etcd cancelled the watch: {resp.cancel_reason}")
                     for event in resp.events:
                         kv = event.kv
                         next_rev = kv.mod_revision + 1

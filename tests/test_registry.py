@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,30 @@ def count(member: EtcdProcess, prefix: str = "") -> int:
     return int(json.loads(reply).get("count", 0))
 
 
+def member_status(member: EtcdProcess) -> tuple[int, int]:
+    """(this member's id, the leader's id) as the member reports them."""
+    status = json.loads(member.etcdctl("endpoint", "status", "-w", "json"))[0]["Status"]
+    return status["header"]["member_id"], status["leader"]
+
+
+def make_leader(members: list[EtcdProcess], new: EtcdProcess) -> None:
+    """Move the cluster's leadership to `new` (etcd's own transfer, asked of the current leader)."""
+    new_id, leader_id = member_status(new)
+    if new_id != leader_id:
+        leader = next(m for m in members if member_status(m)[0] == leader_id)
+        leader.etcdctl("move-leader", f"{new_id:x}")
+    assert member_status(new) == (new_id, new_id)
+
+
+def watchers(member: EtcdProcess) -> int:
+    """How many watches the member serves right now (its own gauge)."""
+    with urllib.request.urlopen(f"http://{member.endpoint}/metrics", timeout=2) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith("etcd_debugging_mvcc_watcher_total "):
+                return int(float(line.split()[1]))
+    raise AssertionError(f"etcd at {member.endpoint} exports no watcher gauge")
+
+
 def until(predicate: Callable[[], bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -67,6 +93,22 @@ async def seen(into: list[WatchEvent], want: Callable[[list[WatchEvent]], bool],
             return False
         await asyncio.sleep(0.05)
     return True
+
+
+@contextlib.asynccontextmanager
+async def out_of_reach(member: EtcdProcess) -> AsyncIterator[None]:
+    """The member on its own data, but on a port the registry does not know, for the block's length.
+
+    What happens inside the block (writes, compactions) happens while the registry is cut off.
+    """
+    home = member.client_port
+    member.kill()
+    member.client_port = free_port()
+    await asyncio.to_thread(member.start)
+    yield
+    member.kill()
+    member.client_port = home
+    await asyncio.to_thread(member.start)
 
 
 # ---- publish and look up -------------------------------------------------------------------------
@@ -315,6 +357,30 @@ def test_watch_resumes_across_etcd_restart(etcd: EtcdProcess) -> None:
     run(scenario())
 
 
+def test_watch_without_events_resumes_where_it_started(etcd: EtcdProcess) -> None:
+    """A watch that has delivered nothing yet resumes from where it started, not from "now".
+
+    Resuming "from now" would lose for good what was written while it was cut off.
+    """
+
+    async def scenario() -> None:
+        reg = registry([etcd])
+        await reg.start()
+        events: list[WatchEvent] = []
+        watcher = asyncio.create_task(collect(reg.watch_prefix("nics/"), events))
+        assert await asyncio.to_thread(until, lambda: watchers(etcd) == 1, 5)
+        async with out_of_reach(etcd):
+            await asyncio.to_thread(etcd.etcdctl, "put", PREFIX + "nics/h1/a", "while-away")
+        await asyncio.to_thread(etcd.etcdctl, "put", PREFIX + "nics/h1/b", "after")
+        assert await seen(events, lambda e: len(e) >= 2, 5)
+        await asyncio.sleep(0.3)
+        assert [(e.key, e.value) for e in events] == [("nics/h1/a", "while-away"), ("nics/h1/b", "after")]
+        await reg.stop()
+        await asyncio.wait_for(watcher, 2)
+
+    run(scenario())
+
+
 def test_watch_resyncs_after_etcd_wiped(etcd: EtcdProcess) -> None:
     """A store restarted empty is behind the watch's revision: resync instead of waiting for it."""
 
@@ -357,19 +423,12 @@ def test_watch_resyncs_after_compaction(etcd: EtcdProcess) -> None:
         await asyncio.to_thread(etcd.etcdctl, "put", PREFIX + "qp/g/2", "b")
         assert await seen(events, lambda e: len(e) == 2, 5)
 
-        # Same data dir, but on a port the registry does not know: writes and a real compaction.
-        home = etcd.client_port
-        etcd.kill()
-        etcd.client_port = free_port()
-        await asyncio.to_thread(etcd.start)
-        changes = [("put", "qp/g/1", "a2"), ("del", "qp/g/2"), ("put", "qp/g/3", "c")]
-        for verb, key, *value in changes:
-            await asyncio.to_thread(etcd.etcdctl, verb, PREFIX + key, *value)
-        revision = json.loads(etcd.etcdctl("get", "x", "-w", "json"))["header"]["revision"]
-        await asyncio.to_thread(etcd.etcdctl, "compact", str(revision))
-        etcd.kill()
-        etcd.client_port = home
-        await asyncio.to_thread(etcd.start)
+        async with out_of_reach(etcd):  # writes and a real compaction
+            changes = [("put", "qp/g/1", "a2"), ("del", "qp/g/2"), ("put", "qp/g/3", "c")]
+            for verb, key, *value in changes:
+                await asyncio.to_thread(etcd.etcdctl, verb, PREFIX + key, *value)
+            revision = json.loads(etcd.etcdctl("get", "x", "-w", "json"))["header"]["revision"]
+            await asyncio.to_thread(etcd.etcdctl, "compact", str(revision))
 
         assert await seen(events, lambda e: len(e) >= 5, 10)
         await asyncio.to_thread(etcd.etcdctl, "put", PREFIX + "qp/g/4", "d")
@@ -414,8 +473,21 @@ def test_stop_with_etcd_down_is_bounded(etcd: EtcdProcess, outage: str) -> None:
             etcd.proc.send_signal(signal.SIGCONT)
 
 
-def test_cluster_member_killed_writes_and_watches_continue(etcd_cluster: list[EtcdProcess]) -> None:
+@pytest.mark.parametrize("outage", ["killed", "frozen"])
+def test_cluster_member_lost_writes_and_watches_continue(
+    etcd_cluster: list[EtcdProcess], outage: str
+) -> None:
+    """Member 0, the one gRPC's pick_first talks to, is made the leader and then lost.
+
+    Killed: its connection breaks at once, the watch's reconnect races the write, and the write
+    meets a leader election (it may time out on the client and still be applied). Frozen: TCP
+    stays up and nothing answers; only an unanswered HTTP/2 ping can tell (within the keepalive
+    interval plus the timeout), else every call, the watch included, stays with the dead member.
+    """
+    lost = etcd_cluster[0]
+
     async def scenario() -> None:
+        await asyncio.to_thread(make_leader, etcd_cluster, lost)
         reg = registry(etcd_cluster)
         await reg.start()
         events: list[WatchEvent] = []
@@ -423,15 +495,56 @@ def test_cluster_member_killed_writes_and_watches_continue(etcd_cluster: list[Et
         reg.put("hosts/h0", "up")
         assert await reg.wait_synced(10)
         lease = reg.lease_id
-        etcd_cluster[0].kill()  # the first address is the one gRPC's pick_first talks to
+        assert await asyncio.to_thread(until, lambda: watchers(lost) == 1, 5)
+        assert lost.proc is not None
+        lost.proc.send_signal(signal.SIGKILL if outage == "killed" else signal.SIGSTOP)
         reg.put("nics/h0/mlx5_0", "UP")
-        assert await reg.wait_synced(10)
+        assert await reg.wait_synced(12)
         assert await reg.get("nics/h0/mlx5_0") == "UP"
         assert stored(etcd_cluster[1], "nics/h0/mlx5_0") == ("UP", lease)
         assert stored(etcd_cluster[2], "hosts/h0") == ("up", lease)
-        assert await seen(events, lambda e: [(x.key, x.value) for x in e] == [("nics/h0/mlx5_0", "UP")], 5)
+        assert await seen(events, lambda e: len(e) >= 1, 3)
+        await asyncio.sleep(0.5)  # a second event (the write repeated) would be here by now
+        assert [(e.type, e.key, e.value) for e in events] == [("PUT", "nics/h0/mlx5_0", "UP")]
         await reg.stop()
         await asyncio.wait_for(watcher, 2)
         assert count(etcd_cluster[1]) == 0
+
+    try:
+        run(scenario())
+    finally:
+        if lost.proc is not None:
+            lost.proc.send_signal(signal.SIGCONT)
+
+
+def test_write_whose_reply_was_lost_is_not_repeated(etcd: EtcdProcess) -> None:
+    """etcd frozen with the transaction in its socket: the client gives up, etcd applies it on thaw.
+
+    The audit after the failure must find the key already written, not put it a second time
+    (every watcher would see the second put as a second event).
+    """
+
+    async def scenario() -> None:
+        reg = registry([etcd], lease_ttl=30)  # no keep-alive due while frozen: the write fails first
+        await reg.start()
+        events: list[WatchEvent] = []
+        watcher = asyncio.create_task(collect(reg.watch_prefix("nics/"), events))
+        reg.put("hosts/h0", "up")
+        assert await reg.wait_synced(10)
+        assert await asyncio.to_thread(until, lambda: watchers(etcd) == 1, 5)
+        assert etcd.proc is not None
+        etcd.proc.send_signal(signal.SIGSTOP)
+        try:
+            reg.put("nics/h0/mlx5_0", "UP")
+            assert await seen([], lambda _: not reg.connected, 5)  # the client gave up
+            assert reg.pending == 1
+        finally:
+            etcd.proc.send_signal(signal.SIGCONT)
+        assert await reg.wait_synced(10)
+        assert await seen(events, lambda e: len(e) >= 1, 3)
+        await asyncio.sleep(0.5)
+        assert [(e.type, e.key, e.value) for e in events] == [("PUT", "nics/h0/mlx5_0", "UP")]
+        await reg.stop()
+        await asyncio.wait_for(watcher, 2)
 
     run(scenario())
