@@ -1,6 +1,6 @@
 """The tcp provider against the machine's own TCP: shift-perf server and client on two namespaces.
 
-Builds two network namespaces joined by a veth pair (prefix `vxb`), runs `shift-perf` as a server in one and
+Builds two network namespaces joined by a veth pair (prefix `lt`), runs `shift-perf` as a server in one and
 as a client in the other for write_bw, send_bw, read_bw (64 KiB and 1 MiB) and send_lat (8 B), and prints one
 table in which every row carries its ratio to a raw TCP stream / raw TCP ping-pong over the same veth,
 measured in the same run. Targets: WRITE and SEND at 1 MiB >= 0.8 of the raw stream; 8-byte SEND latency
@@ -34,13 +34,13 @@ def perf(env: dict[str, str], test: str, size: int, device: str, server: str | N
 
 def one(fabric: VethPair, env: dict[str, str], test: str, size: int) -> Row:
     server = subprocess.Popen(
-        perf(env, test, size, "vxb_srv", None), env=env, stdout=subprocess.PIPE, text=True
+        perf(env, test, size, "lt_srv", None), env=env, stdout=subprocess.PIPE, text=True
     )
     try:
         assert server.stdout is not None
         server.stdout.readline()  # "waiting on ...": the server listens
         client = subprocess.run(
-            perf(env, test, size, "vxb_cli", fabric.hosts[1].address),
+            perf(env, test, size, "lt_cli", fabric.hosts[1].address),
             env=env,
             capture_output=True,
             text=True,
@@ -64,8 +64,8 @@ def verdict(row: Row) -> str:
 
 
 def main() -> int:
-    with VethPair("vxb", "198.18.97") as fabric:
-        env = dict(os.environ, SHIFT_TCP_DEVICES=fabric.tcp_devices("vxb_cli", "vxb_srv"))
+    with VethPair("lt", "198.18.97") as fabric:
+        env = dict(os.environ, SHIFT_TCP_DEVICES=fabric.tcp_devices("lt_cli", "lt_srv"))
         rows = []
         for test, size in RUNS:
             rows.append(one(fabric, env, test, size))

@@ -175,9 +175,14 @@ class Lab:
         return {h: self.config_path(h) for h in self.host_names}
 
     def host_env(self, host: str) -> dict[str, str]:
-        """The environment of a host's processes: its socket and config, and this venv's tools."""
+        """The environment of a host's processes: its socket and config, and this venv's tools.
+
+        A device table of the caller (SHIFT_TCP_DEVICES) is dropped: on a lab host the devices are
+        the host's own, from its config.
+        """
+        inherited = {k: v for k, v in os.environ.items() if k != "SHIFT_TCP_DEVICES"}
         return {
-            **os.environ,
+            **inherited,
             "PATH": _tool_path(),
             "SHIFT_HOST": host,
             "SHIFT_SOCKET": str(self.socket(host)),

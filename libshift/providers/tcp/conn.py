@@ -46,6 +46,7 @@ class Connection:
         self._out: deque[Buffers] = deque()
         self._cur: Buffers = []
         self._want_write = False
+        self._bulk = False  # as last told to the engine (see Engine.bulk)
         self._hdr = bytearray(wire.HEADER.size)
         self._hdr_view = memoryview(self._hdr)
         self._hdr_got = 0
@@ -122,6 +123,14 @@ class Connection:
             self._want_write = want
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
             self.engine.watch(self.sock.fileno(), events, self._ready, self.sink.on_engine_error)
+            self._note_bulk()
+
+    def _note_bulk(self) -> None:
+        """Tell the engine whether this stream is in the middle of a bulk transfer, when that changes."""
+        bulk = self._want_write or (self._frame is not None and self._left >= DIRECT)
+        if bulk != self._bulk:
+            self._bulk = bulk
+            self.engine.bulk(self.sock.fileno(), bulk)
 
     # -- input --------------------------------------------------------------------------------------------
 
@@ -131,6 +140,7 @@ class Connection:
         if mask & selectors.EVENT_READ and not self.closed:
             self._read()
             if not self.closed:
+                self._note_bulk()
                 self.sink.after_input(self)
 
     def _read(self) -> None:
@@ -140,9 +150,10 @@ class Connection:
         copy of a few bytes; a payload of DIRECT bytes or more is read by recv_into the target memory itself.
         """
         budget = READ_BUDGET
+        drained = False  # a small read came back short: the socket is empty (epoll reports the rest later)
         while budget > 0 and not self.closed:
             if self._rx_pos == self._rx_end:
-                if self._frame is not None and self._left >= DIRECT:
+                if self._frame is not None and self._left >= DIRECT:  # a stream: read on while it flows
                     view = self._targets[0] if self._placing else self._rx_view
                     got = self._recv(view[: self._left])
                     if got is None:
@@ -150,13 +161,21 @@ class Connection:
                     self._consume(got)
                     budget -= got
                     continue
+                if drained:
+                    return  # saves a recv that would only say EAGAIN, on every small message
                 got = self._recv(self._rx_view)
                 if got is None:
                     return
+                drained = got < STAGING
                 self._rx_pos, self._rx_end = 0, got
                 budget -= got
             take = self._rx_end - self._rx_pos
             if self._frame is None:
+                if not self._hdr_got and take >= wire.HEADER.size:  # a whole header: no copy
+                    hdr = wire.unpack_from(self._rx_view, self._rx_pos)
+                    self._rx_pos += wire.HEADER.size
+                    self._begin(hdr)
+                    continue
                 take = min(take, len(self._hdr) - self._hdr_got)
                 self._hdr_view[self._hdr_got : self._hdr_got + take] = self._rx_view[
                     self._rx_pos : self._rx_pos + take
@@ -205,8 +224,13 @@ class Connection:
         self._frame = hdr
         self._left = wire.payload_length(hdr)
         targets = self.sink.on_header(self, hdr) if not self.closed else None
-        self._placing = targets is not None and sum(len(t) for t in targets) == self._left
-        self._targets = [t for t in targets if len(t)] if targets is not None and self._placing else []
+        kept, room = [], 0
+        for target in targets or ():
+            if len(target):
+                kept.append(target)
+                room += len(target)
+        self._placing = targets is not None and room == self._left
+        self._targets = kept if self._placing else []
         if self._left == 0:
             self._end()
 

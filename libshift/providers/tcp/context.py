@@ -72,7 +72,7 @@ class TcpContext(ProviderContext):
         return TcpPD(self)
 
     def create_comp_channel(self) -> TcpChannel:
-        return TcpChannel()
+        return TcpChannel(self.engine)
 
     def create_cq(self, cqe: int, channel: TcpChannel | None) -> TcpCQ:  # type: ignore[override]
         return TcpCQ(cqe, channel, self.engine.poll_once)

@@ -1,35 +1,72 @@
 """Completion queues and completion channels of the tcp provider.
 
-The progress engine pushes completions; the application polls or blocks on a channel. A CQ that would hold
-more than `cqe` entries overflows as on an RNIC: it is unusable from then on and its producer QP goes to ERR.
+The progress engine pushes completions; the application polls or blocks on a channel. A thread blocked on a
+channel drives the engine itself while no other thread does (see engine.py), so its completion is made on
+its own thread. A CQ that would hold more than `cqe` entries overflows as on an RNIC: it is unusable from
+then on and its producer QP goes to ERR.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from libshift.providers import ProviderChannel, ProviderCQ
 from libshift.verbs.errors import CQOverflowError
 from libshift.verbs.wr import WC
 
+if TYPE_CHECKING:
+    from libshift.providers.tcp.engine import Engine
+
 
 class TcpChannel(ProviderChannel):
-    def __init__(self) -> None:
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
         self._cond = threading.Condition()
         self._events: deque[TcpCQ] = deque()
+        self._leading = 0  # waiters of this channel that hold (or are about to take) the engine's lead
+        self._poked = False  # the lead was released since the waiter last tried to take it
 
     def notify(self, cq: TcpCQ) -> None:
         with self._cond:
             self._events.append(cq)
             self._cond.notify()
+            leading = self._leading
+        if leading and not self._engine.leads_here():
+            self._engine.wake()  # the waiter sleeps in epoll, not on the condition
+
+    def _poke(self) -> None:
+        with self._cond:
+            self._poked = True
+            self._cond.notify_all()
 
     def get_cq_event(self, timeout: float | None) -> TcpCQ | None:
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._events, timeout):
-                return None
-            return self._events.popleft()
+        """The next event; meanwhile lead the engine, or wait on the condition while another thread leads."""
+        end = None if timeout is None else time.monotonic() + timeout
+        self._engine.follow(self._poke)
+        try:
+            while True:
+                left = None if end is None else end - time.monotonic()
+                with self._cond:
+                    if self._events:
+                        return self._events.popleft()
+                    if left is not None and left <= 0:
+                        return None
+                    self._poked = False
+                    self._leading += 1
+                try:
+                    led = self._engine.turn(left, self._poke)
+                finally:
+                    with self._cond:
+                        self._leading -= 1
+                if not led:
+                    with self._cond:
+                        self._cond.wait_for(lambda: self._events or self._poked, left)
+        finally:
+            self._engine.unfollow(self._poke)
 
     def close(self) -> None:
         """Nothing to release: the channel is plain memory."""

@@ -1,16 +1,23 @@
-"""The progress engine: one thread per Context that waits in epoll and drives every socket and timer.
+"""The progress engine of a Context: whoever holds the lead waits in epoll and drives every socket and timer.
 
-All transport state of a Context is guarded by `engine.lock`. The application's threads take it too, so a
-post can write to the socket at once instead of waiting for this thread (fewer thread switches on 2 cores);
-this thread only sleeps in epoll without the lock. A handler that raises must never stop the engine: the
-error is handed to the handler's owner (its QP goes to ERR) and recorded in `failures`.
+All transport state of a Context is guarded by `engine.lock`; a post takes it and writes to the socket at
+once. Waiting in epoll is a separate role, the lead, held by one thread at a time (leader/follower). An
+application thread that blocks for a completion takes the lead itself, so the bytes it waits for are read,
+placed, acknowledged and completed on its own thread: no wake-up of another thread and no hand-over of the
+interpreter lock sits between the wire and the completion (each hand-over costs tens of microseconds on a
+busy 2-core box). The engine's own thread leads whenever no application thread has led for GRACE, so acks,
+responder work and timers still flow while the application is away; meanwhile it parks, off epoll, so that
+it does not wake for every frame. A handler that raises never stops the engine: the error is handed to the
+handler's owner (its QP goes to ERR) and recorded in `failures`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import select
 import selectors
 import threading
 import time
@@ -20,20 +27,34 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[int], None]
 ErrorHandler = Callable[[BaseException], None]
+Poke = Callable[[], None]
+GRACE = 2e-3  # how long after an application thread last led the engine thread stays parked
+READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE  # the masks handlers see, as with selectors
 
 
 class Engine:
     def __init__(self, name: str) -> None:
         self.lock = threading.RLock()
         self.failures: list[BaseException] = []
-        self._selector = selectors.DefaultSelector()
+        # epoll itself, not selectors: the wrapper costs a few microseconds per wait, and a leg makes several
+        self._epoll = select.epoll()
+        self._handlers: dict[int, tuple[Handler, int]] = {}  # fd -> handler, the events it watches
+        self._bulk: set[int] = set()  # sockets in the middle of a bulk transfer (see bulk())
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._selector.register(self._wake_fd, selectors.EVENT_READ, None)
+        self._epoll.register(self._wake_fd, select.EPOLLIN)
         self._timers: dict[object, tuple[float, Callable[[], None], ErrorHandler | None]] = {}
-        self._sleep_until = 0.0  # when the engine's current wait in epoll ends by itself
+        self._first_due = math.inf  # no timer is due before this
+        self._sleep_until = 0.0  # when the current wait of the thread that fires the timers ends by itself
         self._errors: dict[int, ErrorHandler] = {}
-        self._stopping = False
+        self._stopping = self._closed = False
+        self._lead = threading.Lock()
+        self._leader = 0  # the ident of the thread holding the lead, 0 for none
+        self._app_led = -math.inf  # when an application thread last held (or asked for) the lead
+        self._lead_since = 0.0  # when the current leader took the lead
+        self._unpark = threading.Event()
+        self._followers: set[Poke] = set()
         self._thread = threading.Thread(target=self._run, name=f"shift-tcp-{name}", daemon=True)
+        self._ident = 0  # the engine thread's, set when it runs
         self._thread.start()
 
     @property
@@ -43,17 +64,22 @@ class Engine:
     def watch(
         self, fd: int, events: int, handler: Handler, on_error: Callable[[BaseException], None]
     ) -> None:
-        """Call handler(mask) when fd is ready for `events` (register or change); caller holds the lock."""
+        """Call handler(mask) when fd is ready for `events` (READ, WRITE: register or change); caller holds
+        the lock."""
         self._errors[fd] = on_error
+        flags = (select.EPOLLIN if events & READ else 0) | (select.EPOLLOUT if events & WRITE else 0)
         try:
-            self._selector.modify(fd, events, handler)
-        except KeyError:
-            self._selector.register(fd, events, handler)
+            self._epoll.modify(fd, flags)
+        except FileNotFoundError:
+            self._epoll.register(fd, flags)
+        self._handlers[fd] = (handler, events)
 
     def unwatch(self, fd: int) -> None:
         self._errors.pop(fd, None)
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(fd)
+        self._bulk.discard(fd)
+        if self._handlers.pop(fd, None) is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.unregister(fd)
 
     def set_timer(
         self,
@@ -62,72 +88,175 @@ class Engine:
         callback: Callable[[], None],
         on_error: ErrorHandler | None = None,
     ) -> None:
-        """Arm (or with None, cancel) the one timer of `owner`; callback runs on this thread with the lock.
+        """Arm (or with None, cancel) the one timer of `owner`; callback runs with the lock held.
 
-        The engine is woken only when the new deadline comes before the end of its current wait: a wake-up
-        costs a thread switch and a fight for the interpreter lock, which shows in every round trip.
+        The waiting thread is woken only when the new deadline comes before the end of its current wait: a
+        wake-up costs a thread switch and a fight for the interpreter lock, which shows in every round trip.
         """
         if deadline is None:
-            self._timers.pop(owner, None)
+            gone = self._timers.pop(owner, None)
+            if gone is not None and gone[0] <= self._first_due:
+                self._first_due = min((timer[0] for timer in self._timers.values()), default=math.inf)
             return
         self._timers[owner] = (deadline, callback, on_error)
-        if deadline < self._sleep_until and threading.current_thread() is not self._thread:
+        self._first_due = min(self._first_due, deadline)
+        if deadline < self._sleep_until and self._leader != threading.get_ident():
             self.wake()
 
+    def bulk(self, fd: int, busy: bool) -> None:
+        """Note whether fd is in the middle of a bulk transfer (output waiting for room in the socket, or a
+        large payload arriving). The engine's thread then stays at the sockets instead of parking: a stream
+        moves faster with it reading and writing while the application posts than with hand-overs."""
+        if not busy:
+            self._bulk.discard(fd)
+        elif fd not in self._bulk:
+            self._bulk.add(fd)
+            if not self._leader:
+                self._unpark.set()
+
+    def leads_here(self) -> bool:
+        """Whether the calling thread holds the lead (it is dispatching, or about to wait in epoll)."""
+        return self._leader == threading.get_ident()
+
     def wake(self) -> None:
+        """Cut short the wait of the thread that acts next: the leader in epoll, else the parked engine."""
+        if self._closed:
+            return
         os.eventfd_write(self._wake_fd, 1)
+        if not self._leader:
+            self._unpark.set()
 
-    def stop(self) -> None:
-        self._stopping = True
-        self.wake()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5)
-        self._selector.close()
-        os.close(self._wake_fd)
+    def follow(self, poke: Poke) -> None:
+        """Have poke() called whenever the lead is released, so a thread that found it taken tries again."""
+        self._followers.add(poke)
 
-    def _timeout(self) -> float | None:
-        if not self._timers:
-            self._sleep_until = float("inf")
-            return None
-        self._sleep_until = min(deadline for deadline, _, _ in self._timers.values())
-        return max(0.0, self._sleep_until - time.monotonic())
+    def unfollow(self, poke: Poke) -> None:
+        self._followers.discard(poke)
 
-    def _run(self) -> None:
-        while not self._stopping:
+    def turn(self, limit: float | None = None, poke: Poke | None = None) -> bool:
+        """Lead once: wait in epoll for at most `limit` s (or until the first timer), then dispatch what came.
+
+        False at once when another thread leads now (or the engine is stopping); if that is the engine's
+        thread, it is told to step aside, unless a bulk transfer is under way (see bulk()). `poke` is the
+        caller's own follow() callback, not called on release.
+        """
+        me = threading.get_ident()
+        app = me != self._ident
+        if self._stopping or not self._lead.acquire(blocking=False):
+            if app and not self._stopping and not self._bulk:
+                self._app_led = time.monotonic()
+                if self._leader == self._ident:
+                    self.wake()
+            return False
+        self._leader = me
+        self._lead_since = time.monotonic()
+        try:
             with self.lock:
-                timeout = self._timeout()
-            try:
-                events = self._selector.select(timeout)
-            except (OSError, ValueError):
-                if self._stopping:
-                    return
+                timeout = self._wait_for(limit)
+            events = self._epoll.poll(timeout)
+            with self.lock:
+                if not self._stopping:
+                    self._dispatch(events)
+        except (OSError, ValueError):
+            if not self._stopping:
                 raise
-            with self.lock:
-                if self._stopping:
-                    return
-                self._dispatch(events)
+        finally:
+            self._leader = 0
+            self._sleep_until = 0.0  # nobody waits: a timer set now fires <= GRACE late
+            if app:
+                self._app_led = time.monotonic()
+                if self._bulk or self._app_led - self._lead_since > GRACE:
+                    self._unpark.set()  # the engine thread may sleep until told (see _aside)
+            self._lead.release()
+            if len(self._followers) > (poke is not None) and (app or self._steps_aside()):
+                for other in list(self._followers):
+                    if other is not poke:
+                        other()
+        return True
+
+    def _steps_aside(self) -> bool:
+        """Whether the engine thread, having led, now parks (so a waiting application thread should lead)."""
+        aside = self._aside()
+        return aside is None or aside > 0
 
     def poll_once(self) -> None:
-        """One non-blocking pass on the caller's thread, unless another thread is making progress now.
+        """One non-blocking pass on the caller's thread, unless another thread is dispatching now.
 
-        An application that busy-polls its CQ thereby moves its own data: no wake-up of this engine's
-        thread and no hand-over of the interpreter lock sits between the wire and the completion. Events
-        seen here may be seen again by the engine thread; every handler finds nothing to do the second time.
+        An application that busy-polls its CQ thereby moves its own data. Events seen here may be seen again
+        by the leader; every handler finds nothing to do the second time.
         """
         if self._stopping or not self.lock.acquire(blocking=False):
             return
         try:
-            self._dispatch(self._selector.select(0))
+            self._dispatch(self._epoll.poll(0))
         finally:
             self.lock.release()
 
-    def _dispatch(self, events: list[tuple[selectors.SelectorKey, int]]) -> None:
-        for key, mask in events:
-            if key.data is None:
-                self._drain_wake()
+    def stop(self) -> None:
+        self._stopping = True
+        self.wake()
+        self._unpark.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+        self._lead.acquire(timeout=5)  # let a leader in epoll (woken above) leave it before it closes
+        self._closed = True
+        self._epoll.close()
+        os.close(self._wake_fd)
+
+    # -- the engine's own thread --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        self._ident = threading.get_ident()
+        while not self._stopping:
+            self._unpark.clear()  # before looking: a wake-up from now on is not lost
+            aside = self._aside()
+            if aside is None or aside > 0:
+                self._park(aside)
             else:
-                self._call(key.fd, key.data, mask)
-        self._fire_timers()
+                self.turn()
+
+    def _aside(self) -> float | None:
+        """How long the engine thread should keep off epoll (None: until woken), because an application
+        thread leads or just led. A leader that has waited longer than GRACE, or leaves a bulk transfer under
+        way, wakes it when leaving; a short lead (the usual round trip) does not, so this thread checks back
+        GRACE after one began. A bulk transfer with nobody leading is never left to the application."""
+        now = time.monotonic()
+        if self._leader not in (0, self._ident):
+            rest = self._lead_since + GRACE - now
+            return rest if rest > 0 else None
+        if self._bulk:
+            return 0.0
+        return self._app_led + GRACE - now
+
+    def _park(self, aside: float | None) -> None:
+        """Sleep while the application drives progress; fire the timers that fall due if nobody leads."""
+        with self.lock:
+            sleep = aside if self._leader else self._wait_for(aside)
+        self._unpark.wait(None if sleep is None or sleep < 0 else sleep)
+        if not self._leader and not self._stopping:
+            with self.lock:
+                self._fire_timers()
+
+    # -- dispatch, on whichever thread leads --------------------------------------------------------------
+
+    def _wait_for(self, limit: float | None) -> float:
+        """Seconds until the first timer or the end of `limit`, whichever is first (-1: no end, as epoll
+        has it); noted as the end of the caller's wait, so that set_timer knows whether to wake it."""
+        now = time.monotonic()
+        end = self._first_due if limit is None else min(self._first_due, now + limit)
+        self._sleep_until = end
+        return -1 if end == math.inf else max(0.0, end - now)
+
+    def _dispatch(self, events: list[tuple[int, int]]) -> None:
+        for fd, flags in events:
+            watched = self._handlers.get(fd)
+            if watched is not None:
+                mask = (WRITE if flags & ~select.EPOLLIN else 0) | (READ if flags & ~select.EPOLLOUT else 0)
+                self._call(fd, watched[0], mask & watched[1])
+            elif fd == self._wake_fd:
+                self._drain_wake()
+        if self._first_due <= time.monotonic():
+            self._fire_timers()
 
     def _drain_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -149,6 +278,7 @@ class Engine:
                 timer[1]()
             except Exception as exc:
                 self._fail(timer[2], exc)
+        self._first_due = min((timer[0] for timer in self._timers.values()), default=math.inf)
 
     def _fail(self, on_error: ErrorHandler | None, exc: BaseException) -> None:
         log.exception("tcp provider: handler failed", exc_info=exc)

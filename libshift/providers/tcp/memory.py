@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from libshift.providers.tcp.qp import TcpQP
     from libshift.verbs.attrs import QPCap
 
-LOCAL_WRITE = ibv_access_flags.IBV_ACCESS_LOCAL_WRITE
+LOCAL_WRITE = int(ibv_access_flags.IBV_ACCESS_LOCAL_WRITE)  # a plain int: IntFlag arithmetic is slow
 
 
 class TcpMR(ProviderMR):

@@ -322,6 +322,11 @@ class TcpQP(ProviderQP):
                 self._ack_timer, time.monotonic() + ACK_DELAY, self._ack_due, self.on_engine_error
             )
 
+    def _cancel_ack_timer(self) -> None:
+        if self._ack_timer_armed:
+            self._ack_timer_armed = False
+            self.engine.set_timer(self._ack_timer, None, self._ack_due)
+
     def _ack_due(self) -> None:
         self._ack_timer_armed = False
         self._send_ack()
@@ -338,6 +343,7 @@ class TcpQP(ProviderQP):
         frame = self.requester.next_request(ack)
         if frame is not None and ack is not None:
             self.responder.take_ack()
+            self._cancel_ack_timer()  # its firing would cost the waiting thread a wake-up for nothing
         return frame
 
     def on_broken(self, conn: Connection, reason: str) -> None:
@@ -349,7 +355,7 @@ class TcpQP(ProviderQP):
 
     def close(self) -> None:
         with self.engine.lock:
-            self.engine.set_timer(self._ack_timer, None, self._ack_due)
+            self._cancel_ack_timer()
             self._drop_connection()
             self.requester.pop_all()
             self.responder.pop_all()

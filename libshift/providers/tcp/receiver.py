@@ -26,14 +26,19 @@ Op = wire.Op
 ACCESS = ibv_access_flags
 STATUS = ibv_wc_status
 NEEDS_RECV = frozenset({Op.SEND, Op.SEND_IMM, Op.WRITE_IMM})
-NEEDED_ACCESS = {
-    Op.WRITE: ACCESS.IBV_ACCESS_REMOTE_WRITE,
-    Op.WRITE_IMM: ACCESS.IBV_ACCESS_REMOTE_WRITE,
-    Op.READ_REQ: ACCESS.IBV_ACCESS_REMOTE_READ,
-    Op.CMP_SWP: ACCESS.IBV_ACCESS_REMOTE_ATOMIC,
-    Op.FETCH_ADD: ACCESS.IBV_ACCESS_REMOTE_ATOMIC,
+NEEDED_ACCESS = {  # plain ints: IntFlag arithmetic is slow, and this is checked for every request
+    Op.WRITE: int(ACCESS.IBV_ACCESS_REMOTE_WRITE),
+    Op.WRITE_IMM: int(ACCESS.IBV_ACCESS_REMOTE_WRITE),
+    Op.READ_REQ: int(ACCESS.IBV_ACCESS_REMOTE_READ),
+    Op.CMP_SWP: int(ACCESS.IBV_ACCESS_REMOTE_ATOMIC),
+    Op.FETCH_ADD: int(ACCESS.IBV_ACCESS_REMOTE_ATOMIC),
 }
 MASK64 = (1 << 64) - 1
+WITH_IMM = frozenset({Op.SEND_IMM, Op.WRITE_IMM})
+# looked up once, not for every message
+SUCCESS = STATUS.IBV_WC_SUCCESS
+RECV, RECV_RDMA_WITH_IMM = ibv_wc_opcode.IBV_WC_RECV, ibv_wc_opcode.IBV_WC_RECV_RDMA_WITH_IMM
+WC_WITH_IMM = ibv_wc_flags.IBV_WC_WITH_IMM
 
 
 @dataclass(slots=True)
@@ -64,9 +69,16 @@ class Responder:
         sges = wr.sges()
         if len(sges) > qp.cap.max_recv_sge:
             raise VerbsRDMAError(f"QP {qp.qp_num}: {len(sges)} SGEs, max_recv_sge is {qp.cap.max_recv_sge}")
-        views = [qp.pd.local(sge.lkey, sge.addr, sge.length, True) for sge in sges]
-        buffers = None if any(v is None for v in views) else [v for v in views if v is not None]
-        self.rq.append(PostedRecv(wr.wr_id, buffers, sum(sge.length for sge in sges)))
+        buffers: list[memoryview] | None = []
+        capacity = 0
+        for sge in sges:  # one loop, not three comprehensions: this runs for every message
+            capacity += sge.length
+            view = qp.pd.local(sge.lkey, sge.addr, sge.length, True)
+            if view is None:
+                buffers = None
+            elif buffers is not None:
+                buffers.append(view)
+        self.rq.append(PostedRecv(wr.wr_id, buffers, capacity))
 
     def pop_all(self) -> list[PostedRecv]:
         items = list(self.rq)
@@ -148,17 +160,15 @@ class Responder:
 
     def _complete_recv(self, hdr: wire.Header, op: int) -> None:
         recv = self.rq.popleft()
-        with_imm = op in (Op.SEND_IMM, Op.WRITE_IMM)
+        with_imm = op in WITH_IMM
         wc = WC(
             wr_id=recv.wr_id,
-            status=STATUS.IBV_WC_SUCCESS,
-            opcode=ibv_wc_opcode.IBV_WC_RECV_RDMA_WITH_IMM
-            if op == Op.WRITE_IMM
-            else ibv_wc_opcode.IBV_WC_RECV,
+            status=SUCCESS,
+            opcode=RECV_RDMA_WITH_IMM if op == Op.WRITE_IMM else RECV,
             qp_num=self.qp.qp_num,
             byte_len=hdr.length,
             imm_data=hdr.imm if with_imm else 0,
-            wc_flags=ibv_wc_flags.IBV_WC_WITH_IMM if with_imm else 0,
+            wc_flags=WC_WITH_IMM if with_imm else 0,
             src_qp=self.qp.remote_qpn,
         )
         self.qp.complete_recv(wc, solicited=bool(hdr.flags & wire.FLAG_SOLICITED))

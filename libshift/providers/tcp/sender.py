@@ -66,13 +66,20 @@ def ack_deadline(timeout: int, retry_cnt: int) -> float | None:
 
 @dataclass(slots=True)
 class Outstanding:
-    """A posted send WR until it completes; `local` are its resolved local buffers (or inline bytes)."""
+    """A posted send WR until it completes; `local` are its resolved local buffers (or inline bytes).
 
-    wr: SendWR
+    What goes on the wire is taken from the WR when it is posted, as ibv_post_send copies the WR: the
+    application may reuse its SendWR at once.
+    """
+
+    wr_id: int
+    opcode: ibv_wr_opcode
     seq: int
     signaled: bool
     local: list[memoryview] | bytes
     length: int
+    fields: dict[str, int]  # the header fields of the request besides op, seq, length, flags and ack
+    flags: int = 0
     error: ibv_wc_status | None = None
     rnr_tries: int = 0
 
@@ -106,27 +113,40 @@ class Requester:
         sges = wr.sges()
         if len(sges) > qp.cap.max_send_sge:
             raise VerbsRDMAError(f"QP {qp.qp_num}: {len(sges)} SGEs, max_send_sge is {qp.cap.max_send_sge}")
-        length = sum(sge.length for sge in sges)
-        inline = bool(flags & INLINE) and op not in WRITES_LOCAL
+        writes_local = op in WRITES_LOCAL
+        views: list[memoryview] = []
+        length, denied = 0, False
+        for sge in sges:  # one loop, not three comprehensions: this runs for every message
+            length += sge.length
+            view = qp.pd.local(sge.lkey, sge.addr, sge.length, writes_local)
+            if view is None:
+                denied = True
+            else:
+                views.append(view)
+        inline = bool(flags & INLINE) and not writes_local
         if inline and length > qp.cap.max_inline_data:
             limit = qp.cap.max_inline_data
             raise VerbsRDMAError(f"QP {qp.qp_num}: {length} B inline, max_inline_data is {limit}")
         if op in ATOMICS and (len(sges) != 1 or length != 8):
             raise VerbsRDMAError(f"QP {qp.qp_num}: an atomic needs one SGE of 8 bytes")
         item = Outstanding(
-            wr=wr,
+            wr_id=wr.wr_id,
+            opcode=op,
             seq=self.next_seq,
             signaled=qp.sq_sig_all or bool(flags & SIGNALED),
-            local=[],
+            local=b"".join(views) if inline else views,
             length=length,
+            fields={
+                "rkey": wr.rkey,
+                "imm": wr.imm_data,
+                "addr": wr.remote_addr,
+                "arg1": wr.compare_add,
+                "arg2": wr.swap,
+            },
+            flags=wire.FLAG_SOLICITED if flags & SOLICITED else 0,
         )
-        local = [qp.pd.local(sge.lkey, sge.addr, sge.length, op in WRITES_LOCAL) for sge in sges]
-        if inline:
-            item.local = b"".join(bytes(view) for view in local if view is not None)
-        if any(view is None for view in local):
+        if denied:
             item.error = ibv_wc_status.IBV_WC_LOC_PROT_ERR
-        elif not inline:
-            item.local = local  # type: ignore[assignment]
         self.next_seq += 1
         self.sq.append(item)
         if len(self.sq) == 1:
@@ -146,23 +166,9 @@ class Requester:
             self.qp.fail(item, item.error)
             return None
         self.tx_seq += 1
-        wr = item.wr
-        op = WIRE_OP[wr.opcode]
-        flags = wire.FLAG_SOLICITED if int(wr.send_flags) & SOLICITED else 0
-        if ack is not None:
-            flags |= wire.FLAG_ACK
-        header = wire.pack(
-            op,
-            item.seq,
-            item.length,
-            flags=flags,
-            ack=ack or 0,
-            rkey=wr.rkey,
-            imm=wr.imm_data,
-            addr=wr.remote_addr,
-            arg1=wr.compare_add,
-            arg2=wr.swap,
-        )
+        op = WIRE_OP[item.opcode]
+        flags = item.flags if ack is None else item.flags | wire.FLAG_ACK
+        header = wire.pack(op, item.seq, item.length, flags=flags, ack=ack or 0, **item.fields)
         if op in wire.CARRIES_PAYLOAD:
             return [header, *([item.local] if isinstance(item.local, bytes) else item.local)]
         return [header]
@@ -215,7 +221,7 @@ class Requester:
         if seq is None:
             return None
         item = self.sq[seq - self.sq[0].seq]
-        if item.wr.opcode != WR.IBV_WR_RDMA_READ or hdr.length != item.length:
+        if item.opcode != WR.IBV_WR_RDMA_READ or hdr.length != item.length:
             return None
         return list(item.local) if isinstance(item.local, list) else None
 
@@ -233,7 +239,7 @@ class Requester:
         if seq is None:
             return
         item = self.sq[seq - self.sq[0].seq]
-        if item.wr.opcode not in ATOMICS or not isinstance(item.local, list):
+        if item.opcode not in ATOMICS or not isinstance(item.local, list):
             self.qp.fail(item, ibv_wc_status.IBV_WC_BAD_RESP_ERR)
             return
         ATOMIC_VALUE.pack_into(item.local[0], 0, hdr.arg1)
@@ -264,9 +270,9 @@ class Requester:
 
     def wc(self, item: Outstanding, status: ibv_wc_status) -> WC:
         return WC(
-            wr_id=item.wr.wr_id,
+            wr_id=item.wr_id,
             status=status,
-            opcode=WC_OP[item.wr.opcode],
+            opcode=WC_OP[item.opcode],
             qp_num=self.qp.qp_num,
             byte_len=item.length,
         )

@@ -77,6 +77,10 @@ def unpack(buf: bytes | bytearray | memoryview) -> Header:
     return Header(*HEADER.unpack(buf))
 
 
+def unpack_from(buf: bytes | bytearray | memoryview, offset: int) -> Header:
+    return Header(*HEADER.unpack_from(buf, offset))
+
+
 def problem(hdr: Header) -> str | None:
     """Why a header cannot be framed at all (the stream is then unusable), or None."""
     if hdr.magic != MAGIC:
