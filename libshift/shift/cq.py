@@ -1,0 +1,108 @@
+"""ShiftCQ and ShiftCompChannel: the application's completion queue over both paths, and blocking waits.
+
+A ShiftCQ has a provider CQ on each device; polling it makes the context take every completion out of the
+provider CQs and hand it to its QP, which releases completions to the application in posting order.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import TYPE_CHECKING
+
+from libshift.shift.rewind import BACKUP, PRIMARY
+from libshift.verbs import CQ, WC
+from libshift.verbs.errors import VerbsError, VerbsRDMAError
+
+if TYPE_CHECKING:
+    from libshift.shift.context import ShiftContext
+
+CQ_SLACK = 4096  # room in the provider CQs for completions the application never sees (unsignaled sends)
+
+
+class ShiftCQ:
+    """The application's CQ: completions of both paths, in each QP's posting order, with its own wr_ids."""
+
+    def __init__(
+        self,
+        ctx: ShiftContext,
+        cqe: int,
+        cq_context: object = None,
+        channel: ShiftCompChannel | None = None,
+        comp_vector: int = 0,
+    ) -> None:
+        if channel is not None and channel.ctx is not ctx:
+            raise VerbsError("a ShiftCQ's completion channel must belong to the same ShiftContext")
+        self.ctx = ctx
+        self.cqe = cqe
+        self.channel = channel
+        self._armed = False
+        watched = channel is not None
+        self.primary = CQ(ctx.primary, cqe + CQ_SLACK, channel=ctx.watch(PRIMARY) if watched else None)
+        self.backup: CQ | None = None
+        if ctx.backup is not None:
+            self.backup = CQ(ctx.backup, cqe + CQ_SLACK, channel=ctx.watch(BACKUP) if watched else None)
+        self.ready: deque[WC] = deque()
+        with ctx.lock:
+            ctx.cqs.append(self)
+
+    def push(self, wc: WC) -> None:
+        """A completion released to the application; an armed CQ tells its channel (once per arming)."""
+        self.ready.append(wc)
+        if self._armed and self.channel is not None:
+            self._armed = False
+            self.channel.notify(self)
+
+    def req_notify(self, solicited_only: bool = False) -> None:
+        """Arm: the next completion released to this CQ raises an event on its channel (any completion:
+        solicited_only is accepted and treated as False)."""
+        if self.channel is None:
+            raise VerbsRDMAError("req_notify needs a CQ created with a completion channel")
+        with self.ctx.lock:
+            self._armed = True
+
+    def ack_events(self, num_events: int = 1) -> None:
+        """Accepted for pyverbs compatibility; events need no acknowledgement here."""
+
+    def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:
+        self.ctx.progress()
+        with self.ctx.lock:
+            count = min(num_entries, len(self.ready))
+            wcs = [self.ready.popleft() for _ in range(count)]
+        return count, wcs
+
+    def close(self) -> None:
+        with self.ctx.lock:
+            if self in self.ctx.cqs:
+                self.ctx.cqs.remove(self)
+        for cq in (self.primary, self.backup):
+            if cq is not None:
+                cq.close()
+
+
+class ShiftCompChannel:
+    """Blocking waits for ShiftCQs: arm a CQ with req_notify(), then get_cq_event(), as with CompChannel.
+
+    The events come from the context's watcher threads, which make progress as soon as a provider CQ of a
+    channel-bound ShiftCQ gets a completion on either path.
+    """
+
+    def __init__(self, ctx: ShiftContext) -> None:
+        self.ctx = ctx
+        self._cond = threading.Condition()
+        self._events: deque[ShiftCQ] = deque()
+
+    def notify(self, cq: ShiftCQ) -> None:
+        with self._cond:
+            self._events.append(cq)
+            self._cond.notify()
+
+    def get_cq_event(self, cq: ShiftCQ | None = None, timeout: float | None = None) -> ShiftCQ:
+        """Block until an armed CQ of this channel gets a completion; TimeoutError after `timeout` s."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._events, timeout):
+                raise TimeoutError(f"no completion event within {timeout} s")
+            return self._events.popleft()
+
+    def close(self) -> None:
+        """Nothing to release: the channel is plain memory."""

@@ -1,0 +1,433 @@
+"""ShiftQP: an application RC QP with a connected backup QP behind it, and the switches between them.
+
+States: IDLE (not connected) -> DEFAULT (on the default path) <-> FALLBACK (on the backup path); PLAIN when
+there is no backup (a plain QP), BROKEN once an error has gone to the application (its own error, or the
+path in use failing with nothing armed to switch to). A switch goes either way by the same steps (stop the
+old path, keep what completed, move the receives, exchange receive counts, replay what the peer lacks), so
+a failback is a switch back onto the default path once both sides have re-armed it and a probe went
+through. Completions of both provider QPs come here from the context's progress; the application's CQs
+get them in posting order, with the application's wr_ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import errno
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from libshift.agent import AgentError
+from libshift.api.shift.v1 import common_pb2
+from libshift.shift import notify
+from libshift.shift.cq import ShiftCQ
+from libshift.shift.memory import ShiftPD
+from libshift.shift.notify import Kind, Message
+from libshift.shift.rewind import BACKUP, PRIMARY, REMOTE_KEYED, Entry, Ledger
+from libshift.verbs import MR, QP, SGE, WC, Endpoint, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
+from libshift.verbs.enums import ibv_access_flags, ibv_qp_state, ibv_send_flags, ibv_wc_status
+from libshift.verbs.errors import VerbsError, VerbsRDMAError
+
+if TYPE_CHECKING:
+    from libshift.shift.context import ShiftContext
+
+log = logging.getLogger("libshift.shift")
+PEER_WAIT = 10.0  # how long connect waits for the peer's backup to be published
+CONTROL_ACCESS = ibv_access_flags.IBV_ACCESS_LOCAL_WRITE | ibv_access_flags.IBV_ACCESS_REMOTE_WRITE
+ST = ibv_wc_status
+TRANSPORT_ERRORS = frozenset(
+    {
+        ST.IBV_WC_RETRY_EXC_ERR,
+        ST.IBV_WC_WR_FLUSH_ERR,
+        ST.IBV_WC_FATAL_ERR,
+        ST.IBV_WC_GENERAL_ERR,
+        ST.IBV_WC_RESP_TIMEOUT_ERR,
+        ST.IBV_WC_REM_ABORT_ERR,
+        ST.IBV_WC_BAD_RESP_ERR,
+    }
+)
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    DEFAULT = "default"
+    FALLBACK = "fallback"
+    PLAIN = "plain"
+    BROKEN = "broken"
+
+
+def other(path: str) -> str:
+    return BACKUP if path == PRIMARY else PRIMARY
+
+
+class ShiftQP:
+    """`ShiftQP(pd, QPInitAttr(scq=cq, rcq=cq, cap=...))`, then `connect(peer_endpoint, attr)` as with QP."""
+
+    def __init__(self, pd: ShiftPD, init_attr: QPInitAttr) -> None:
+        scq, rcq = init_attr.scq, init_attr.rcq
+        if not isinstance(scq, ShiftCQ) or not isinstance(rcq, ShiftCQ):
+            raise VerbsError("a ShiftQP needs ShiftCQs as scq and rcq")
+        self.ctx: ShiftContext = pd.ctx
+        self.send_cq, self.recv_cq = scq, rcq
+        self.cap = init_attr.cap
+        self.sig_all = init_attr.sq_sig_all
+        cap = init_attr.cap  # room for the control WRs (count, message, probe; the control receive):
+        room = dataclasses.replace(cap, max_send_wr=cap.max_send_wr + 3, max_recv_wr=cap.max_recv_wr + 1)
+        self.qps: dict[str, QP] = {
+            PRIMARY: QP(pd.primary, QPInitAttr(scq=scq.primary, rcq=rcq.primary, cap=room))
+        }
+        self.controls: dict[str, MR] = {}
+        self.ledger = Ledger()
+        self.state = State.IDLE
+        self.current = PRIMARY
+        self.remote: Endpoint | None = None
+        self.armed = {PRIMARY: False, BACKUP: False}  # connected, control receive at the head (our side)
+        self._access = 0
+        self._attr = QPAttr()
+        self._peers: dict[str, Endpoint] = {}
+        self._targets: dict[str, tuple[int, int]] = {}
+        self._peer_count: dict[str, int | None] = {PRIMARY: None, BACKUP: None}
+        self._seen: dict[str, Message | None] = {PRIMARY: None, BACKUP: None}
+        self._epoch = 0
+        self._switching = False  # stopping the old path: its errors are expected
+        self._resumed = True  # False from a switch until the peer's count has come
+        self._switch: tuple[str, float, int, str] = ("", 0.0, 0, PRIMARY)  # reason, start, moved, from
+        with self.ctx.lock:
+            self.ctx.qps[(PRIMARY, self.primary.qp_num)] = self
+            if pd.backup is not None and scq.backup is not None:
+                self._make_backup(pd, scq, room)
+
+    def _make_backup(self, pd: ShiftPD, scq: ShiftCQ, room: QPCap) -> None:
+        assert pd.backup is not None and self.ctx.agent is not None and self.ctx.control_cq is not None
+        backup = QP(pd.backup, QPInitAttr(scq=scq.backup, rcq=self.ctx.control_cq, cap=room))
+        controls = {PRIMARY: MR(pd.primary, notify.CONTROL_BYTES, CONTROL_ACCESS)}
+        controls[BACKUP] = MR(pd.backup, notify.CONTROL_BYTES, CONTROL_ACCESS)
+        try:
+            advertised = notify.advertise(backup.endpoint(), controls)
+            self.ctx.agent.publish_qp(self.primary.endpoint(), advertised)
+        except AgentError as exc:
+            log.warning("QP %d: backup not published (%s); no failover for it", self.qp_num, exc)
+            for obj in (backup, *controls.values()):
+                obj.close()
+            return
+        self.qps[BACKUP], self.controls = backup, controls
+        self.ctx.qps[(BACKUP, backup.qp_num)] = self
+
+    @property
+    def primary(self) -> QP:
+        return self.qps[PRIMARY]
+
+    # -- the verbs surface ---------------------------------------------------------------------------------
+
+    @property
+    def qp_num(self) -> int:
+        return self.primary.qp_num
+
+    @property
+    def qp_state(self) -> ibv_qp_state:
+        if self.state == State.BROKEN:
+            return ibv_qp_state.IBV_QPS_ERR
+        return self.qps[self.current].qp_state
+
+    def endpoint(self) -> Endpoint:
+        return self.primary.endpoint()
+
+    def to_init(self, attr: QPAttr | None = None) -> None:
+        attr = attr or QPAttr()
+        self.primary.to_init(attr)
+        self._access = int(attr.qp_access_flags)
+
+    def to_rtr(self, attr: QPAttr) -> None:
+        self.primary.to_rtr(attr)
+        self.remote = attr.dest
+
+    def to_rts(self, attr: QPAttr | None = None) -> None:
+        attr = attr or QPAttr()
+        self.primary.to_rts(attr)
+        self._attr = dataclasses.replace(attr, qp_access_flags=self._access, dest=self.remote)
+        peer = self._peer_backup()  # may wait for the peer's publication: not under the lock
+        with self.ctx.lock:
+            self._connect_backup(peer)
+
+    def connect(self, remote: Endpoint, attr: QPAttr | None = None) -> None:
+        """RESET -> INIT -> RTR -> RTS towards `remote`; the backup QP is connected to the peer's backup."""
+        attr = attr or QPAttr()
+        attr.dest = remote
+        self.to_init(attr)
+        self.to_rtr(attr)
+        self.to_rts(attr)
+
+    def post_send(self, wr: SendWR) -> None:
+        with self.ctx.lock:
+            if len(self.ledger.sq.entries) >= self.cap.max_send_wr:
+                raise VerbsRDMAError(f"QP {self.qp_num}: send queue full", errno.ENOMEM)
+            entry = self.ledger.add_send(wr, self.sig_all)
+            if not self._resumed:
+                return  # held until the peer says where to resume
+            self._post_or_drop(entry)
+
+    def post_recv(self, wr: RecvWR) -> None:
+        with self.ctx.lock:
+            if len(self.ledger.rq.entries) >= self.cap.max_recv_wr:
+                raise VerbsRDMAError(f"QP {self.qp_num}: receive queue full", errno.ENOMEM)
+            self._post_or_drop(self.ledger.add_recv(wr))
+
+    def close(self) -> None:
+        with self.ctx.lock:
+            for path, qp in self.qps.items():
+                self.ctx.qps.pop((path, qp.qp_num), None)
+            if BACKUP in self.qps and self.ctx.agent is not None:
+                try:
+                    self.ctx.agent.withdraw_qp(self.primary.endpoint())
+                except AgentError as exc:
+                    log.warning("QP %d: backup not withdrawn (%s)", self.qp_num, exc)
+            for obj in (*self.qps.values(), *self.controls.values()):
+                obj.close()
+
+    # -- paths ---------------------------------------------------------------------------------------------
+
+    def _peer_backup(self) -> Endpoint | None:
+        """The peer's backup QP, looked up by the default endpoint the application gave us."""
+        if BACKUP not in self.qps or self.remote is None or self.ctx.agent is None:
+            return None
+        try:
+            peer = self.ctx.agent.lookup_qp(self.remote.gid, self.remote.qpn, wait=PEER_WAIT)
+        except AgentError as exc:
+            log.warning("QP %d: peer backup lookup failed (%s)", self.qp_num, exc)
+            return None
+        if peer is None:
+            log.warning("QP %d: the peer published no backup QP; no failover for this QP", self.qp_num)
+        return peer
+
+    def _connect_backup(self, peer: Endpoint | None) -> None:
+        """Connect the backup QP now, so that a failure finds it ready; without one, be a plain QP."""
+        if peer is None or self.remote is None:
+            self.state = State.PLAIN
+            return
+        self._targets = notify.targets_of(peer)
+        self._peers = {PRIMARY: self.remote, BACKUP: peer}
+        self._arm(BACKUP)
+        self.state = State.DEFAULT
+
+    def _arm(self, path: str) -> None:
+        """(Re)connect `path` towards the peer's QP on it, with the control receive at the head."""
+        qp = self.qps[path]
+        if qp.qp_state != ibv_qp_state.IBV_QPS_RESET:
+            qp.modify(QPAttr(qp_state=ibv_qp_state.IBV_QPS_RESET))
+        attr = dataclasses.replace(self._attr, dest=self._peers[path])
+        if path == BACKUP:  # the backup waits for receives, and its PSNs are its own
+            attr = dataclasses.replace(attr, rnr_retry=7, rq_psn=None, sq_psn=None)
+        qp.to_init(QPAttr(qp_access_flags=self._access))
+        notify.arm(qp)
+        qp.to_rtr(attr)
+        qp.to_rts(attr)
+        self.armed[path] = True
+
+    def _request_rearm(self, path: str) -> None:
+        """Re-arm `path` here and ask the peer to do the same (its answer comes as an ARMED message)."""
+        self._arm(path)
+        self._epoch += 1
+        self._message(Message(Kind.REARM, path, self._epoch))
+
+    def _message(self, message: Message) -> None:
+        path = self.current
+        notify.send_message(self.qps[path], self.controls[path], self._targets[path], message)
+
+    def read_messages(self) -> None:
+        """Act on the peer's latest control message on each path (the watcher calls this)."""
+        with self.ctx.lock:
+            if self.state not in (State.DEFAULT, State.FALLBACK):
+                return
+            for path, mr in self.controls.items():
+                message = notify.latest(mr)
+                if message is None or message == self._seen[path]:
+                    continue
+                self._seen[path] = message
+                if message.kind == Kind.REARM and message.path != self.current:
+                    self._arm(message.path)
+                    self._message(Message(Kind.ARMED, message.path, message.epoch))
+                elif message == Message(Kind.ARMED, PRIMARY, self._epoch) and self.state == State.FALLBACK:
+                    notify.probe(self.primary, self._targets[PRIMARY])
+
+    def nic_down(self) -> None:
+        """shiftd says the default device is down: leave it, or stop a failback that was under way."""
+        with self.ctx.lock:
+            self.armed[PRIMARY] = False
+            if self.state == State.DEFAULT:
+                self._switch_to(BACKUP, "nic_event")
+
+    def nic_up(self) -> None:
+        """The default device is back: re-arm the default path on both sides, probe it, then switch back."""
+        with self.ctx.lock:
+            if self.state == State.FALLBACK and self._resumed and not self.armed[PRIMARY]:
+                self._request_rearm(PRIMARY)
+
+    # -- posting -------------------------------------------------------------------------------------------
+
+    def _post_or_drop(self, entry: Entry) -> None:
+        try:
+            self._post(entry)
+        except VerbsError:
+            self.ledger.drop(entry)
+            raise
+
+    def _post(self, entry: Entry) -> None:
+        """Post on the current path: the application's keys on the default one, translated on the backup."""
+        on_backup = self.current == BACKUP
+        qp = self.qps[self.current]
+        wr = entry.wr
+        sg = wr.sg
+        if on_backup:
+            sg = [SGE(s.addr, s.length, self.ctx.lkeys.get(s.lkey, s.lkey)) for s in wr.sg]
+        entry.path = self.current
+        if isinstance(wr, RecvWR):
+            qp.post_recv(RecvWR(wr_id=entry.wr_id, sg=sg))
+            return
+        rkey = wr.rkey
+        if wr.opcode in REMOTE_KEYED and self.ctx.keys is not None and self.remote is not None:
+            if on_backup:
+                rkey = self.ctx.keys.backup(self.remote.gid, wr.rkey) or wr.rkey
+            else:
+                self.ctx.keys.prefetch(self.remote.gid, wr.rkey)
+        flags = int(wr.send_flags) | ibv_send_flags.IBV_SEND_SIGNALED  # every WR's fate must be known here
+        qp.post_send(
+            dataclasses.replace(wr, wr_id=entry.wr_id, sg=sg, num_sge=None, send_flags=flags, rkey=rkey)
+        )
+
+    # -- completions ---------------------------------------------------------------------------------------
+
+    def on_wc(self, wc: WC, path: str) -> None:
+        """A provider completion of one of our QPs (called with the context lock held)."""
+        if wc.wr_id in notify.CONTROL_IDS:
+            self._on_control(wc, path)
+            return
+        entry = self.ledger.by_id.get(wc.wr_id)
+        if entry is None:
+            return
+        ok, stale = wc.status == ST.IBV_WC_SUCCESS, entry.path != path
+        if not ok and (stale or self._switching):  # a path being left: the WR is still outstanding
+            entry.failed_with = entry.failed_with or wc.status
+            return
+        if stale:
+            return
+        if ok:
+            if not entry.is_send:
+                self.ledger.received += 1
+        elif wc.status in TRANSPORT_ERRORS and self._can_leave():
+            entry.failed_with = wc.status
+            self._switch_to(other(path), "error_completion")
+            return
+        else:  # the application's own error, or nothing left to switch to: it goes to the application
+            self._break()
+        entry.wc = dataclasses.replace(wc, wr_id=entry.wr.wr_id, qp_num=self.qp_num)
+        self._deliver()
+
+    def _on_control(self, wc: WC, path: str) -> None:
+        if wc.status == ST.IBV_WC_SUCCESS:
+            if wc.wr_id == notify.NOTIFY_RECV and (path != self.current or not self._resumed):
+                self._peer_count[path] = wc.imm_data
+                if path != self.current:
+                    self._switch_to(path, "peer_notification")
+                else:
+                    self._resume()
+            elif wc.wr_id == notify.PROBE_SEND and self.state == State.FALLBACK:
+                self._switch_to(PRIMARY, "nic_recovered")
+            return
+        if self._switching or path != self.current:
+            self.armed[path] = False  # a path we left or are leaving; or a re-armed one that failed its probe
+            return
+        log.warning("QP %d: control traffic on the %s path failed (%s)", self.qp_num, path, wc.status.name)
+        if self._can_leave():
+            self._switch_to(other(path), "error_completion")
+        else:
+            self._break()
+
+    def _deliver(self) -> None:
+        for entry in self.ledger.finished():
+            assert entry.wc is not None
+            if not entry.is_send:
+                self.recv_cq.push(entry.wc)
+            elif entry.signaled or entry.wc.status != ST.IBV_WC_SUCCESS:
+                self.send_cq.push(entry.wc)
+
+    def _break(self) -> None:
+        """From now on errors reach the application as the provider reports them; held WRs flush."""
+        if self.state == State.BROKEN:
+            return
+        self.state = State.BROKEN
+        self._resumed = True
+        for entry in self.ledger.sq.pending() + self.ledger.rq.pending():
+            if entry.path is None:
+                entry.wc = WC(
+                    wr_id=entry.wr.wr_id,
+                    status=ST.IBV_WC_WR_FLUSH_ERR,
+                    opcode=0,  # type: ignore[arg-type]  # ibverbs leaves it undefined on a flush
+                    qp_num=self.qp_num,
+                )
+        self._deliver()
+
+    # -- the switch ----------------------------------------------------------------------------------------
+
+    def _can_leave(self) -> bool:
+        return (
+            self.state in (State.DEFAULT, State.FALLBACK)
+            and self._resumed
+            and self.armed[other(self.current)]
+        )
+
+    def _switch_to(self, to: str, reason: str) -> None:
+        """Leave the current path: stop it, keep what completed, move the receives, send our count."""
+        if to == self.current or not self._can_leave():
+            return
+        started, left = time.monotonic(), self.current
+        self._switching = True
+        self.qps[left].to_err()  # nothing more lands on the old path: our receive count is final
+        cqs = {self.send_cq, self.recv_cq}
+        for cq in (c.primary if left == PRIMARY else c.backup for c in cqs):
+            self.ctx.drain(cq, left)
+        if left == BACKUP and self.ctx.control_cq is not None:
+            self.ctx.drain(self.ctx.control_cq, BACKUP)
+        self._switching = False
+        self.current, self.armed[left] = to, False
+        self.state = State.FALLBACK if to == BACKUP else State.DEFAULT
+        self._resumed = False
+        moved = self.ledger.rq.pending()
+        for entry in moved:
+            self._post(entry)
+        for entry in self.ledger.sq.pending():
+            entry.path = None
+        self._switch = (reason, started, len(moved), left)
+        notify.send_count(self.qps[to], self._targets[to], self.ledger.received)
+        log.info("QP %d: switching to the %s path (%s)", self.qp_num, to, reason)
+        if self._peer_count[to] is not None:
+            self._resume()
+
+    def _resume(self) -> None:
+        """The peer's count is in: settle the sends it has, post the rest on the new path, in order."""
+        count, self._peer_count[self.current] = self._peer_count[self.current], None
+        assert count is not None
+        replay = self.ledger.settle(self.ledger.unwrap(count), self.qp_num)
+        for entry in replay:
+            self._post(entry)
+        self._resumed = True
+        self._deliver()
+        reason, started, moved, left = self._switch
+        names = {PRIMARY: self.ctx.name, BACKUP: self.ctx.backup.name if self.ctx.backup else ""}
+        failback = self.current == PRIMARY
+        self.ctx.report(
+            common_pb2.FailoverReport(
+                kind=common_pb2.FAILOVER_KIND_FAILBACK if failback else common_pb2.FAILOVER_KIND_FAILOVER,
+                device=names[left],
+                backup_device=names[self.current],
+                reason=reason,
+                downtime_seconds=time.monotonic() - started,
+                reposted_work_requests=moved + len(replay),
+                qps=1,
+                time_unix_nanos=time.time_ns(),
+            )
+        )
+        if failback and reason != "peer_notification":
+            self._request_rearm(BACKUP)  # ready for the next failure
+        elif reason == "nic_event" and self.ctx.default_nic_up():
+            self._request_rearm(PRIMARY)  # the NIC came back while we were switching away from it

@@ -1,0 +1,307 @@
+"""One side of a failover test stream, run inside a lab host (`lab.exec_command`).
+
+It speaks JSON lines: it prints {"endpoints", "addr", "rkey"}, reads the peer's the same way, connects
+`--qps` ShiftQPs over mlx5_0 (one CQ for all) and prints {"connected"}; on {"go"} the sender streams
+sequence-numbered, checksummed messages round-robin over the QPs (mode send, write_imm or write_read) and the
+receiver checks each one, per QP, until {"stop"}. Each prints {"progress"} (sender), {"state", "at"} when
+its first QP changes state, and {"done": ...} with what it saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import struct
+import sys
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+
+from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP, State
+from libshift.verbs import SGE, WC, Endpoint, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
+from libshift.verbs import enums as e
+
+SIZE = 512
+SLOTS = 32
+WINDOW = 16  # WRs outstanding per QP
+LANE = 2 * SLOTS * SIZE  # each QP's part of the MR: slots to send from / write into, then to read into
+HEADER = struct.Struct("<QI")
+ACCESS = (
+    e.IBV_ACCESS_LOCAL_WRITE
+    | e.IBV_ACCESS_REMOTE_WRITE
+    | e.IBV_ACCESS_REMOTE_READ
+    | e.IBV_ACCESS_REMOTE_ATOMIC
+)
+ATOMIC_WR = 1 << 40
+DEADLINE = 40.0
+PROGRESS = 500  # the sender says so when it has posted this message: the stream is in full flow
+
+
+def message(tag: int) -> bytes:
+    body = (tag.to_bytes(8, "little") * (SIZE // 8))[: SIZE - HEADER.size]
+    return HEADER.pack(tag, zlib.crc32(body)) + body
+
+
+def check(data: bytes, expected: int) -> str | None:
+    tag, crc = HEADER.unpack_from(data)
+    if tag != expected:
+        return f"expected message {expected:#x}, got {tag:#x}"
+    if zlib.crc32(data[HEADER.size :]) != crc:
+        return f"message {tag:#x}: bad checksum"
+    return None
+
+
+def say(**fields: object) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def hear() -> dict:
+    line = sys.stdin.readline()
+    if not line:
+        raise SystemExit("stdin closed")
+    return json.loads(line)
+
+
+@dataclass
+class Lane:
+    """One QP's stream: its part of the MR, and how far it is (WRs posted, completed; messages received)."""
+
+    index: int
+    qp: ShiftQP
+    posted: int = 0
+    done: int = 0
+    received: int = 0
+
+    def tag(self, seq: int) -> int:
+        """What message `seq` of this lane carries: a mix-up between lanes shows as a wrong tag."""
+        return self.index << 32 | seq
+
+
+class Side:
+    def __init__(self, qps: int, timeout: int, retry_cnt: int, block: bool) -> None:
+        self.ctx = ShiftContext(name="mlx5_0")
+        self.pd = ShiftPD(self.ctx)
+        self.channel = ShiftCompChannel(self.ctx) if block else None
+        self.woken = {"events": 0, "timeouts": 0}  # how the waits on the channel ended
+        self.cq = ShiftCQ(self.ctx, 256 * qps, channel=self.channel)
+        self.atomic_at = qps * LANE  # the MR's last word: the receiver's counter, the sender's result
+        self.mr = ShiftMR(self.pd, self.atomic_at + 8, ACCESS)
+        cap = QPCap(max_send_wr=2 * WINDOW, max_recv_wr=SLOTS)
+        self.lanes = [
+            Lane(i, ShiftQP(self.pd, QPInitAttr(scq=self.cq, rcq=self.cq, cap=cap))) for i in range(qps)
+        ]
+        self.by_qpn = {lane.qp.qp_num: lane for lane in self.lanes}
+        self.attr = QPAttr(qp_access_flags=ACCESS, timeout=timeout, retry_cnt=retry_cnt)
+        self.errors: list[str] = []
+        self.states: list[tuple[str, int]] = []  # each change of QP 0's state, and how far the stream was
+
+    def exchange(self) -> tuple[int, int]:
+        endpoints = [lane.qp.endpoint().to_json() for lane in self.lanes]
+        say(endpoints=endpoints, addr=self.mr.buf, rkey=self.mr.rkey)
+        peer = hear()
+        for lane, endpoint in zip(self.lanes, peer["endpoints"], strict=True):
+            lane.qp.connect(Endpoint.from_json(endpoint), dataclasses.replace(self.attr))
+        states = sorted({lane.qp.state.value for lane in self.lanes})
+        say(connected=True, resilient=self.ctx.resilient, state=",".join(states))
+        return peer["addr"], peer["rkey"]
+
+    def sge(self, lane: Lane, slot: int, region: int = 0) -> SGE:
+        return SGE(self.mr.buf + lane.index * LANE + (region * SLOTS + slot) * SIZE, SIZE, self.mr.lkey)
+
+    def poll(self, progress: int) -> list[tuple[Lane, WC]]:
+        state = self.lanes[0].qp.state.value
+        if state != (self.states[-1][0] if self.states else State.DEFAULT.value):
+            self.states.append((state, progress))
+            say(state=state, at=progress)
+        _, wcs = self.cq.poll(32)
+        for wc in wcs:
+            if wc.status != e.IBV_WC_SUCCESS and wc.wr_id != ATOMIC_WR:
+                self.errors.append(f"qp {wc.qp_num} wr {wc.wr_id}: {e.ibv_wc_status(wc.status).name}")
+        return [(self.by_qpn[wc.qp_num], wc) for wc in wcs]
+
+    def wait(self, progress: int, stop: threading.Event) -> list[tuple[Lane, WC]]:
+        """Poll; when nothing came, block on the completion channel (--block) or pause briefly."""
+        polled = self.poll(progress)
+        if polled:
+            return polled
+        if self.channel is None:
+            stop.wait(0.001)
+            return []
+        self.cq.req_notify()
+        polled = self.poll(progress)  # a completion may have come between the poll and the arming
+        if not polled:
+            try:
+                self.channel.get_cq_event(timeout=0.05)  # bounded, to notice {"stop"}
+                self.woken["events"] += 1
+            except TimeoutError:
+                self.woken["timeouts"] += 1
+        return polled
+
+    def finals(self) -> list[str]:
+        return [lane.qp.state.value for lane in self.lanes]
+
+
+class Orders:
+    """The test's lines after {"go"}: {"atomic": true} has the sender post one FETCH_AND_ADD into the
+    stream; {"stop": true, "expect": n} ends it (the receiver waits for n messages first)."""
+
+    def __init__(self) -> None:
+        self.atomic = threading.Event()
+        self.stop = threading.Event()
+        self.expect = 0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while not (line := hear()).get("stop"):
+            if line.get("atomic"):
+                self.atomic.set()
+        self.expect = int(line.get("expect", 0))
+        self.stop.set()
+
+
+def run_sender(side: Side, mode: str, rate: float, remote: tuple[int, int], orders: Orders) -> None:
+    """Post messages round-robin over the QPs at `rate` a second (a fault lands mid-stream) until told to
+    stop, at most WINDOW WRs outstanding per QP; then wait for every completion."""
+    addr, rkey = remote
+    lanes = side.lanes
+    per_msg = 2 if mode == "write_read" else 1
+    sent, verified, atomic = 0, 0, None
+    start = time.monotonic()
+    deadline = start + DEADLINE
+    while time.monotonic() < deadline and not side.errors:
+        if orders.stop.is_set() and all(lane.done == lane.posted for lane in lanes):
+            break
+        while not orders.stop.is_set() and time.monotonic() >= start + sent / rate:
+            lane = lanes[sent % len(lanes)]
+            if lane.posted - lane.done > WINDOW - per_msg:
+                break
+            seq = lane.posted // per_msg
+            slot, remote_slot = seq % SLOTS, addr + lane.index * LANE + seq % SLOTS * SIZE
+            side.mr.write(message(lane.tag(seq)), offset=lane.index * LANE + slot * SIZE)
+            for step in range(per_msg):
+                wr = SendWR(wr_id=lane.posted, sg=[side.sge(lane, slot, region=step)])
+                if mode == "send":
+                    wr.opcode = e.IBV_WR_SEND
+                elif mode == "write_imm":
+                    wr.opcode, wr.imm_data = e.IBV_WR_RDMA_WRITE_WITH_IMM, seq
+                    wr.set_wr_rdma(rkey, remote_slot)
+                else:
+                    wr.opcode = e.IBV_WR_RDMA_WRITE if step == 0 else e.IBV_WR_RDMA_READ
+                    wr.set_wr_rdma(rkey, remote_slot)
+                lane.qp.post_send(wr)
+                lane.posted += 1
+            sent += 1
+            if sent == PROGRESS:
+                say(progress=sent)
+        if orders.atomic.is_set() and atomic is None:
+            atomic = post_atomic(side, remote)
+        completed = sum(lane.done for lane in lanes) // per_msg
+        for lane, wc in side.poll(completed):
+            if wc.wr_id == ATOMIC_WR:
+                atomic = e.ibv_wc_status(wc.status).name
+                continue
+            if wc.wr_id != lane.done:
+                side.errors.append(
+                    f"qp {lane.index}: completion {wc.wr_id} out of order, expected {lane.done}"
+                )
+            if mode == "write_read" and wc.wr_id % 2 == 1:
+                seq = wc.wr_id // 2
+                problem = check(
+                    side.mr.read(SIZE, lane.index * LANE + (SLOTS + seq % SLOTS) * SIZE), lane.tag(seq)
+                )
+                if problem:
+                    side.errors.append(f"qp {lane.index}: read back: {problem}")
+                verified += 1
+            lane.done = wc.wr_id + 1
+    say(
+        done=True,
+        completed=sum(lane.done for lane in lanes) // per_msg,
+        verified=verified,
+        atomic=atomic,
+        errors=side.errors[:10],
+        states=side.states,
+        finals=side.finals(),
+    )
+
+
+def post_atomic(side: Side, remote: tuple[int, int]) -> str:
+    """One FETCH_AND_ADD on the receiver's counter while still on the default path; "posted" or why not."""
+    qp = side.lanes[0].qp
+    if qp.state != State.DEFAULT:
+        side.errors.append("the atomic came too late: the QP had already switched")
+        return "not posted"
+    local = SGE(side.mr.buf + side.atomic_at, 8, side.mr.lkey)
+    wr = SendWR(wr_id=ATOMIC_WR, opcode=e.IBV_WR_ATOMIC_FETCH_AND_ADD, sg=[local])
+    wr.set_wr_atomic(remote[1], remote[0] + side.atomic_at, compare_add=1)
+    qp.post_send(wr)
+    return "posted"
+
+
+def run_receiver(side: Side, mode: str, orders: Orders) -> None:
+    """Check every message, per QP, until told to stop and `expect` have come (write_read: just poll)."""
+    for lane in side.lanes:
+        for slot in range(SLOTS):
+            post_recv(side, lane, slot, mode)
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        received = sum(lane.received for lane in side.lanes)
+        if orders.stop.is_set() and received >= orders.expect:
+            break
+        polled = side.wait(received, orders.stop)
+        for lane, wc in polled:
+            if wc.status != e.IBV_WC_SUCCESS or mode == "write_read":
+                continue
+            slot = wc.wr_id % SLOTS if mode == "send" else wc.imm_data % SLOTS
+            if wc.wr_id != lane.received:
+                side.errors.append(f"qp {lane.index}: receive {wc.wr_id} completed, expected {lane.received}")
+            if mode == "write_imm" and wc.imm_data != lane.received:
+                side.errors.append(f"qp {lane.index}: immediate {wc.imm_data}, expected {lane.received}")
+            problem = check(side.mr.read(SIZE, lane.index * LANE + slot * SIZE), lane.tag(lane.received))
+            if problem:
+                side.errors.append(f"qp {lane.index}: {problem}")
+            lane.received += 1
+            post_recv(side, lane, slot, mode, wr_id=wc.wr_id + SLOTS)
+    say(
+        done=True,
+        received=sum(lane.received for lane in side.lanes),
+        counter=int.from_bytes(side.mr.read(8, side.atomic_at), "little"),
+        woken=side.woken,
+        errors=side.errors[:10],
+        states=side.states,
+        finals=side.finals(),
+    )
+
+
+def post_recv(side: Side, lane: Lane, slot: int, mode: str, wr_id: int | None = None) -> None:
+    sg = [side.sge(lane, slot)] if mode == "send" else []
+    lane.qp.post_recv(RecvWR(wr_id=slot if wr_id is None else wr_id, sg=sg))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=["sender", "receiver"])
+    parser.add_argument("--mode", choices=["send", "write_imm", "write_read"], default="send")
+    parser.add_argument("--qps", type=int, default=1)
+    parser.add_argument("--rate", type=float, default=1000.0, help="messages a second, over all QPs")
+    parser.add_argument("--timeout", type=int, default=15)
+    parser.add_argument("--retry-cnt", type=int, default=3)
+    parser.add_argument("--block", action="store_true", help="wait on a completion channel when idle")
+    args = parser.parse_args()
+    logging.basicConfig(level=os.environ.get("SHIFT_TEST_LOG", "WARNING"), stream=sys.stderr)
+    side = Side(args.qps, args.timeout, args.retry_cnt, args.block)
+    remote = side.exchange()
+    hear()  # go
+    orders = Orders()
+    if args.role == "sender":
+        run_sender(side, args.mode, args.rate, remote, orders)
+    else:
+        run_receiver(side, args.mode, orders)
+    side.ctx.close()
+
+
+if __name__ == "__main__":
+    main()
