@@ -141,7 +141,8 @@ def test_fail_nic_down_and_recover(lab):
         # the link really is down: the switch port (the veth peer) has no carrier
         assert wait_until(lambda: not carrier(lab.shape.rail_ns(0), "h0"))
         assert carrier(lab.shape.rail_ns(0), "h1")  # h1's port on the same rail is untouched
-        assert metric(lab, "h0", "shift_nic_up", device="mlx5_0") == 0
+        # metrics and etcd follow the event a few milliseconds later (the agents come first)
+        assert wait_until(lambda: metric(lab, "h0", "shift_nic_up", device="mlx5_0") == 0)
         assert metric(lab, "h0", "shift_nic_up", device="mlx5_1") == 1
         assert wait_until(lambda: etcd_nic(lab, "h0", "mlx5_0")["state"] == "NIC_STATE_DOWN")
         assert etcd_nic(lab, "h0", "mlx5_0")["fault"] == "FAULT_MODE_DOWN"
@@ -152,7 +153,7 @@ def test_fail_nic_down_and_recover(lab):
         assert wait_until(lambda: carrier(lab.shape.rail_ns(0), "h0"))
         for stream in (admin_stream, agent_stream):
             assert stream.wait_nic("mlx5_0", UP).reason == "recovered"
-        assert metric(lab, "h0", "shift_nic_up", device="mlx5_0") == 1
+        assert wait_until(lambda: metric(lab, "h0", "shift_nic_up", device="mlx5_0") == 1)
         assert metric(lab, "h0", "shift_link_events_total", device="mlx5_0") >= 2
         assert wait_until(lambda: etcd_nic(lab, "h0", "mlx5_0")["state"] == "NIC_STATE_UP")
     finally:
