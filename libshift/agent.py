@@ -84,7 +84,9 @@ class Agent:
         self.name = name
         self.job = job
         self._lock = threading.Lock()
-        self._channel = grpc.insecure_channel(f"unix:{socket}")
+        # A connection of its own: shiftd ties the registration (and its mappings) to the connection,
+        # which gRPC would otherwise share with any other channel of the process.
+        self._channel = grpc.insecure_channel(f"unix:{socket}", options=[("grpc.use_local_subchannel_pool", 1)])
         self._stub = agent_pb2_grpc.AgentStub(self._channel)
         self._agent_id = ""
         self.host = ""

@@ -56,7 +56,10 @@ def test_flooding_connection_gets_resource_exhausted_others_do_not(tmp_path):
                 publish(flooder, 10, 100)
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "publish rate limit" in info.value.details()
-        with daemon.channel() as polite:  # a new connection has a bucket of its own
+        # a new connection has a bucket of its own (a local subchannel pool: gRPC would otherwise share
+        # one connection between channels of a process)
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        with grpc.insecure_channel(f"unix:{daemon.socket}", options=options) as polite:
             publish(polite, 10, 200)
     finally:
         daemon.stop()
