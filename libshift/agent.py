@@ -86,7 +86,9 @@ class Agent:
         self._lock = threading.Lock()
         # A connection of its own: shiftd ties the registration (and its mappings) to the connection,
         # which gRPC would otherwise share with any other channel of the process.
-        self._channel = grpc.insecure_channel(f"unix:{socket}", options=[("grpc.use_local_subchannel_pool", 1)])
+        self._channel = grpc.insecure_channel(
+            f"unix:{socket}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         self._stub = agent_pb2_grpc.AgentStub(self._channel)
         self._agent_id = ""
         self.host = ""
