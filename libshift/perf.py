@@ -193,12 +193,15 @@ def pingpong(test: str, side: Side, peer: dict[str, Any], size: int, iters: int,
         while not any(wc.opcode & e.IBV_WC_RECV for wc in side.wait()):
             pass
 
-    side.qp.post_recv(RecvWR(wr_id=0, sg=side.sge(size)))
+    # Receives span the whole MR: the one left posted at the end of a size step must hold the
+    # larger messages of the next step (-a), as a perftest receive buffer does.
+    whole = side.sge(side.mr.length)
+    side.qp.post_recv(RecvWR(wr_id=0, sg=whole))
     start = time.perf_counter()
     for n in range(iters):
         if first:
             answer(n)
-        side.qp.post_recv(RecvWR(wr_id=n + 1, sg=side.sge(size)))
+        side.qp.post_recv(RecvWR(wr_id=n + 1, sg=whole))
         arrival()
         if not first:
             answer(n)
