@@ -125,7 +125,10 @@ class Client:
     def __init__(self, socket_path: str, timeout: float) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(f"unix:{socket_path}")
+        # A connection of its own: shiftd checks the caller on each connection (SO_PEERCRED).
+        self._channel = grpc.insecure_channel(
+            f"unix:{socket_path}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         self.admin = admin_pb2_grpc.AdminStub(self._channel)
 
     def close(self) -> None:

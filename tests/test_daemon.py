@@ -72,7 +72,7 @@ socket = sys.argv[1]
 assert ctl.main(["--socket", socket, "nics"]) == 0          # warm up as root
 os.setgroups([]); os.setgid(65534); os.setuid(65534)
 print("ctl", ctl.main(["--socket", socket, "status"]), flush=True)
-with grpc.insecure_channel("unix:" + socket) as ch:
+with grpc.insecure_channel("unix:" + socket, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
     reply = agent_pb2_grpc.AgentStub(ch).Register(agent_pb2.RegisterRequest(name="nobody"), timeout=10)
     print("agent", reply.agent_id.split("-")[0] == str(os.getpid()), flush=True)
 """

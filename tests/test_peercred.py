@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as 
 CLIENT = """
 import grpc, os, sys
 def who():
-    with grpc.insecure_channel("unix:" + sys.argv[1]) as ch:
+    # a connection of its own: a pooled one would still carry the root credentials
+    with grpc.insecure_channel("unix:" + sys.argv[1], options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
         print(ch.unary_unary("/t.T/Who")(b"", timeout=10).decode(), flush=True)
 who()
 os.setgroups([])
