@@ -115,7 +115,7 @@ def wait_for(predicate, timeout: float = 10.0):
 
 @dataclass(frozen=True)
 class Fault:
-    """A real fault, and how the side that meets it first (`host`) should notice it."""
+    """A real fault, and how the side that meets it first (`host`, or BOTH) should notice it."""
 
     host: str
     reason: str
@@ -131,6 +131,23 @@ def nic_down(host: str) -> Fault:
         assert result.returncode == 0, result.stderr
 
     return Fault(host, "nic_event", lambda lab: run(lab, "fail-nic"), lambda lab: run(lab, "recover-nic"))
+
+
+BOTH = "both"
+
+
+def nic_down_on_both_hosts() -> Fault:
+    """`shiftctl fail-nic mlx5_0` on h0 and h1 at once: each side hears its own shiftd or the peer first."""
+
+    def run(lab: Lab, command: str) -> None:
+        procs = []
+        for host in ("h0", "h1"):
+            argv, env = lab.exec_command(host, ["shiftctl", command, "mlx5_0"])
+            procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        for proc in procs:
+            assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
+
+    return Fault(BOTH, "nic_event", lambda lab: run(lab, "fail-nic"), lambda lab: run(lab, "recover-nic"))
 
 
 def silent_blackhole(towards: str = "h1") -> Fault:
@@ -204,7 +221,8 @@ def run_stream(
             assert all(0 < at < sent["completed"] for _, at in side["states"]), side
         for host in ("h0", "h1"):  # each side switched and told its shiftd
             assert wait_for(lambda h=host: failovers(lab, h) > before[h]), f"{host} counted no failover"
-            # the side that met the fault noticed it itself, the other heard the peer's notification
+            # the side that met the fault noticed it itself, the other heard the peer's notification;
+            # when both met it, either may come first on each side
             mine = host == fault.host
             failover = (
                 "FAILOVER_KIND_FAILOVER",
@@ -223,6 +241,9 @@ def run_stream(
                 (int(r["time_unix_nanos"]), r["kind"], r["device"], r["backup_device"], r["reason"])
                 for r in reports
             )
+            if fault.host == BOTH:
+                assert {g[4] for g in got} <= {fault.reason, "peer_notification"}, got
+                got = [(*g[:4], failover[3]) for g in got]
             assert [g[1:] for g in got] == [
                 r for r in [failover, failback] * failbacks + [failover] for _ in range(qps)
             ]
@@ -243,6 +264,12 @@ def test_send_recv_survives_nic_failure(lab: Lab, fail_host: str) -> None:
     sent, received = run_stream(lab, "send", nic_down(fail_host))
     assert sent["errors"] == [] and received["errors"] == []
     assert sent["completed"] == received["received"]  # every message once, in order, checksum good
+
+
+def test_send_recv_survives_nic_failure_on_both_hosts_at_once(lab: Lab) -> None:
+    sent, received = run_stream(lab, "send", nic_down_on_both_hosts())
+    assert sent["errors"] == [] and received["errors"] == []
+    assert sent["completed"] == received["received"]
 
 
 def test_write_with_imm_survives_nic_failure(lab: Lab) -> None:
