@@ -116,7 +116,6 @@ class AgentTable:
             self._owner[key] = agent_id
             agent.keys.add(key)
             self._store.put(key, value)
-        self._count(agent)
 
     def withdraw(self, agent_id: str, cred: PeerCred, qps, mrs) -> None:
         agent = self._own(agent_id, cred)
@@ -126,11 +125,13 @@ class AgentTable:
                 raise AgentError("NOT_FOUND", f"{key} is not published by this agent")
         for key in keys:
             self._forget(agent, key)
-        self._count(agent)
 
     def mapping_counts(self) -> tuple[int, int]:
-        qps = sum(1 for key in self._owner if key.startswith("qp/"))
-        return qps, len(self._owner) - qps
+        """(QP, MR) mappings published by all agents; counted when asked (a scrape), not per publish."""
+        return _split_counts(self._owner)
+
+    def infos(self) -> list[common_pb2.AgentInfo]:
+        return [_info(agent) for agent in self.agents.values()]
 
     def _own(self, agent_id: str, cred: PeerCred) -> Agent:
         agent = self.agents.get(agent_id)
@@ -141,20 +142,29 @@ class AgentTable:
         return agent
 
     def _drop(self, agent: Agent) -> None:
+        info = _info(agent)  # what it had published when it left
         for key in list(agent.keys):
             self._forget(agent, key)
         del self.agents[agent.info.agent_id]
-        self._on_change(agent.info, False)
+        self._on_change(info, False)
 
     def _forget(self, agent: Agent, key: str) -> None:
         agent.keys.discard(key)
         self._owner.pop(key, None)
         self._store.delete(key)
 
-    @staticmethod
-    def _count(agent: Agent) -> None:
-        agent.info.qp_mappings = sum(1 for k in agent.keys if k.startswith("qp/"))
-        agent.info.mr_mappings = len(agent.keys) - agent.info.qp_mappings
+
+def _split_counts(keys) -> tuple[int, int]:
+    qps = sum(1 for key in keys if key.startswith("qp/"))
+    return qps, len(keys) - qps
+
+
+def _info(agent: Agent) -> common_pb2.AgentInfo:
+    """The agent's record with its mapping counts as they are now."""
+    info = common_pb2.AgentInfo()
+    info.CopyFrom(agent.info)
+    info.qp_mappings, info.mr_mappings = _split_counts(agent.keys)
+    return info
 
 
 def _gid(text: str) -> str:

@@ -183,6 +183,8 @@ class Daemon:
         self.metrics.etcd_up.set_function(lambda: 1 if self.registry.connected else 0)
         self.metrics.etcd_pending.set_function(lambda: self.registry.pending)
         self.metrics.agents.set_function(lambda: len(self.agents.agents))
+        self.metrics.mappings.labels("qp").set_function(lambda: self.agents.mapping_counts()[0])
+        self.metrics.mappings.labels("mr").set_function(lambda: self.agents.mapping_counts()[1])
         if not listen:
             return
         host, port = config_mod.parse_host_port("metrics.listen", listen)
@@ -265,10 +267,11 @@ class Daemon:
         self.registry.put(f"nics/{self.host}/{name}", encode(self.nics.to_proto(name)))
 
     def _sync_link_events(self, record: NicRecord) -> None:
-        counter = self.metrics.link_events.labels(record.name, record.spec.netdev)
-        missing = record.health.link_events - counter._value.get()
+        """The health machine counts link flips; the counter catches up with what it has not seen yet."""
+        missing = record.health.link_events - record.link_events_exported
         if missing > 0:
-            counter.inc(missing)
+            self.metrics.link_events.labels(record.name, record.spec.netdev).inc(missing)
+            record.link_events_exported = record.health.link_events
 
     def snapshot_event(self, nic: common_pb2.Nic) -> common_pb2.NicEvent:
         """The current state of a NIC, as the first events of an agent's stream."""
@@ -285,14 +288,8 @@ class Daemon:
     def _on_agent_change(self, info: common_pb2.AgentInfo, registered: bool) -> None:
         change = admin_pb2.AgentChange(agent=info, registered=registered)
         self.bus.publish(admin_pb2.Event(agent=change))
-        self.mappings_changed()
         log.info("agent %s (pid %d, %s) %s", info.agent_id, info.pid, info.name or "?",
                  "registered" if registered else "left")  # fmt: skip
-
-    def mappings_changed(self) -> None:
-        qps, mrs = self.agents.mapping_counts()
-        self.metrics.mappings.labels("qp").set(qps)
-        self.metrics.mappings.labels("mr").set(mrs)
 
     async def lookup(self, key: str, wait: float) -> str | None:
         if wait > 0:

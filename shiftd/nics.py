@@ -32,6 +32,7 @@ class NicRecord:
     spec: NicSpec
     health: NicHealth
     wall_last_change_ns: int = 0
+    link_events_exported: int = 0  # how many of health.link_events shift_link_events_total counts
 
 
 class NicTable:

@@ -133,31 +133,40 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
                 f"publish rate limit: {limit.publish_rate:g} mappings/s, bursts of {limit.publish_burst}",
             )
         self.daemon.agents.publish(request.agent_id, cred, request.qps, request.mrs)
-        self.daemon.mappings_changed()
         registry = self.daemon.registry
         return agent_pb2.PublishResponse(stored=registry.pending == 0, pending=registry.pending)
 
     @unary()
     async def Withdraw(self, request, context, cred):
         self.daemon.agents.withdraw(request.agent_id, cred, request.qps, request.mrs)
-        self.daemon.mappings_changed()
         return agent_pb2.WithdrawResponse()
 
     @unary()
     async def LookupQp(self, request, context, cred):
-        key = _lookup_key(qp_key, request.gid, request.qpn)
-        value = await self.daemon.lookup(key, _wait(request.wait_seconds))
-        if value is None:
-            raise AgentError("NOT_FOUND", f"no backup published for QP {request.qpn} of {request.gid}")
-        return agent_pb2.LookupQpResponse(mapping=_decode(value, common_pb2.QpMapping()))
+        mapping = await self._lookup(
+            qp_key, request.gid, request.qpn, request.wait_seconds, common_pb2.QpMapping
+        )
+        return agent_pb2.LookupQpResponse(mapping=mapping)
 
     @unary()
     async def LookupMr(self, request, context, cred):
-        key = _lookup_key(mr_key, request.gid, request.rkey)
-        value = await self.daemon.lookup(key, _wait(request.wait_seconds))
+        mapping = await self._lookup(
+            mr_key, request.gid, request.rkey, request.wait_seconds, common_pb2.MrMapping
+        )
+        return agent_pb2.LookupMrResponse(mapping=mapping)
+
+    async def _lookup(
+        self, make_key: Callable[[str, int], str], gid: str, number: int, wait: float, kind: type
+    ):
+        """A peer's published mapping, waiting up to `wait` s for it; NOT_FOUND when there is none."""
+        try:
+            key = make_key(gid, number)
+        except ValueError:
+            raise AgentError("INVALID_ARGUMENT", f"gid: {gid[:64]!r} is not a GID (IPv6 text)") from None
+        value = await self.daemon.lookup(key, _wait(wait))
         if value is None:
-            raise AgentError("NOT_FOUND", f"no backup published for rkey {request.rkey} of {request.gid}")
-        return agent_pb2.LookupMrResponse(mapping=_decode(value, common_pb2.MrMapping()))
+            raise AgentError("NOT_FOUND", f"no backup published for {key}")
+        return _decode(value, kind())
 
     @unary()
     async def ReportFailover(self, request, context, cred):
@@ -180,7 +189,7 @@ class AdminService(_Base, admin_pb2_grpc.AdminServicer):
             lease_id=d.registry.lease_id or 0,
             pending_writes=d.registry.pending,
             nics=d.nics.all_protos(),
-            agents=[a.info for a in d.agents.agents.values()],
+            agents=d.agents.infos(),
             failovers=d.failovers,
             failbacks=d.failbacks,
             socket=d.config.server.socket,
@@ -231,13 +240,6 @@ def _wait(seconds: float) -> float:
     if not seconds >= 0:  # also rejects NaN
         raise AgentError("INVALID_ARGUMENT", "wait_seconds must not be negative")
     return min(seconds, MAX_WAIT_SECONDS)
-
-
-def _lookup_key(make_key: Callable[[str, int], str], gid: str, number: int) -> str:
-    try:
-        return make_key(gid, number)
-    except ValueError:
-        raise AgentError("INVALID_ARGUMENT", f"gid: {gid[:64]!r} is not a GID (IPv6 text)") from None
 
 
 def _decode(value: str, message):

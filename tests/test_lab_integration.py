@@ -16,11 +16,11 @@ import urllib.request
 
 import grpc
 import pytest
+from labs import running_lab
 from waiting import wait_until
 
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, common_pb2
 from shiftd import fabric, netns
-from shiftd.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(180)]
 
@@ -29,10 +29,8 @@ UP, DOWN = common_pb2.NIC_STATE_UP, common_pb2.NIC_STATE_DOWN
 
 @pytest.fixture(scope="module")
 def lab():
-    lab = Lab(f"it{os.getpid() % 100000}", hosts=2, nics=2)
-    lab.up()
-    yield lab
-    lab.down()
+    with running_lab("it", hosts=2, nics=2) as lab:
+        yield lab
 
 
 def shiftctl(lab, host, *args):

@@ -1,23 +1,19 @@
 """shift-perf between two lab hosts: every test runs, and -a walks every size without a failed WR."""
 
 import json
-import os
 import subprocess
 import time
 
 import pytest
-
-from shiftd.lab import Lab
+from labs import running_lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
 def lab():
-    lab = Lab(f"pc{os.getpid() % 100000}", hosts=2, nics=1)
-    lab.up()
-    yield lab
-    lab.down()
+    with running_lab("pc", hosts=2, nics=1) as lab:
+        yield lab
 
 
 def run_pair(lab, test, *args):

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
+from labs import running_lab
 
 from libshift.verbs import CQ, MR, PD, QP, WC, CompChannel, Context, QPAttr, QPCap, QPInitAttr
 from libshift.verbs import enums as e
@@ -65,21 +66,12 @@ class Fabric:
 
 def _tcp_fabric() -> Iterator[Fabric]:
     """Two lab hosts (h0, h1) on one rail; the devices are their mlx5_0, each in its host's namespace."""
-    saved = os.environ.get("SHIFT_TCP_DEVICES")
-    lab = Lab(f"vx{os.getpid() % 100000}", hosts=2, nics=1)
-    lab.up()
-    netdev = lab.shape.netdev(0)
-    os.environ["SHIFT_TCP_DEVICES"] = (
-        f"vx_a={netdev}@{lab.namespace('h0')},vx_b={netdev}@{lab.namespace('h1')}"
-    )
-    try:
+    with running_lab("vx", hosts=2, nics=1) as lab, pytest.MonkeyPatch.context() as env:
+        netdev = lab.shape.netdev(0)
+        env.setenv(
+            "SHIFT_TCP_DEVICES", f"vx_a={netdev}@{lab.namespace('h0')},vx_b={netdev}@{lab.namespace('h1')}"
+        )
         yield Fabric(devices=("vx_a", "vx_b"), link=LabLink(lab))
-    finally:
-        lab.down()
-        if saved is None:
-            os.environ.pop("SHIFT_TCP_DEVICES", None)
-        else:
-            os.environ["SHIFT_TCP_DEVICES"] = saved
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ JSON lines. Every test recovers the NIC it failed, so the order of the tests doe
 from __future__ import annotations
 
 import json
-import os
 import queue
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from labs import running_lab
 
 from shiftd.lab import Lab
 
@@ -28,10 +28,8 @@ PEER = str(Path(__file__).with_name("peer.py"))
 
 @pytest.fixture(scope="module")
 def lab():
-    lab = Lab(f"fo{os.getpid() % 100000}", hosts=2, nics=2)
-    lab.up()
-    yield lab
-    lab.down()
+    with running_lab("fo", hosts=2, nics=2) as lab:
+        yield lab
 
 
 class Peer:
