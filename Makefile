@@ -11,7 +11,8 @@ setup: $(STAMP) system-deps
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet 'torch==2.13.0'
+	$(PY) -m pip install --quiet -e '.[test,torch,plot]'
 	touch $(STAMP)
 
 system-deps:
