@@ -97,7 +97,9 @@ class ProviderPD(ABC):
     """A protection domain: MRs and QPs of one PD may work together, no others."""
 
     @abstractmethod
-    def reg_mr(self, length: int, access: int) -> ProviderMR: ...
+    def reg_mr(self, length: int, access: int, buffer: memoryview | None = None) -> ProviderMR:
+        """Register `length` bytes: new memory, or the caller's `buffer` (bytes, writable, at least `length`
+        long), which RDMA then reads and writes in place; the MR keeps it alive."""
 
     @abstractmethod
     def create_qp(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from libshift.agent import AgentError
 from libshift.verbs import MR, PD
+from libshift.verbs.objects import Buffer
 
 if TYPE_CHECKING:
     from libshift.shift.context import ShiftContext
@@ -34,15 +35,15 @@ class ShiftPD:
 
 class ShiftMR:
     """One buffer registered on both devices: the default keys are the application's, the backup keys are
-    published through shiftd so the peer can translate its rkey after a switch."""
+    published through shiftd so the peer can translate its rkey after a switch. The buffer is new memory, or
+    the application's own (`buffer`, as with MR)."""
 
-    def __init__(self, pd: ShiftPD, length: int, access: int) -> None:
+    def __init__(self, pd: ShiftPD, length: int, access: int, buffer: Buffer | None = None) -> None:
         self.pd = pd
-        self.primary = MR(pd.primary, length, access)
+        self.primary = MR(pd.primary, length, access, buffer)
         self.backup: MR | None = None
         if pd.backup is not None:
-            self.backup = MR(pd.backup, length, access)
-            share_memory(self.backup, self.primary)
+            self.backup = MR(pd.backup, length, access, buffer=self.primary.view)
             self._publish()
 
     def _publish(self) -> None:
@@ -81,14 +82,3 @@ class ShiftMR:
                 log.warning("MR rkey %#x: backup key not withdrawn (%s)", self.rkey, exc)
             self.backup.close()
         self.primary.close()
-
-
-def share_memory(backup: MR, primary: MR) -> None:
-    """Make the backup registration address the primary's buffer, so both keys name the same bytes.
-
-    The provider interface has no way to register an existing buffer (reg_mr allocates), so the backup MR's
-    `view` and `addr` (the ProviderMR fields through which the provider reaches the memory) are pointed at the
-    primary's. Its own allocation is never touched, so its pages are never faulted in.
-    """
-    backup.impl.view = primary.impl.view
-    backup.impl.addr = primary.impl.addr

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import errno
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from libshift.device import find_device
 from libshift.providers import DeviceInfo, ProviderContext, ProviderCQ
@@ -16,6 +16,8 @@ from libshift.verbs.attrs import Endpoint, QPAttr, QPCap, QPInitAttr
 from libshift.verbs.enums import ibv_qp_state, ibv_qp_type
 from libshift.verbs.errors import VerbsError, VerbsRDMAError
 from libshift.verbs.wr import WC, RecvWR, SendWR
+
+Buffer = Any  # collections.abc.Buffer from Python 3.12 on: anything memoryview() takes
 
 
 class _Closable:
@@ -60,13 +62,18 @@ class PD(_Closable):
 
 
 class MR(_Closable):
-    """Registered memory owned by the MR; `buf` is its address (for SGE and remote_addr), `view` its bytes."""
+    """Registered memory; `buf` is its address (for SGE and remote_addr), `view` its bytes.
 
-    def __init__(self, pd: PD, length: int, access: int) -> None:
+    Without `buffer` the MR allocates its memory. With one (a bytearray, a memoryview, a numpy array: any
+    writable C-contiguous buffer of at least `length` bytes) it registers that memory, as ibv_reg_mr does
+    with an application's pointer: RDMA reads and writes the caller's bytes in place, no copy.
+    """
+
+    def __init__(self, pd: PD, length: int, access: int, buffer: Buffer | None = None) -> None:
         if length <= 0:
             raise VerbsRDMAError(f"MR length must be positive, got {length}")
         self.pd = pd
-        self.impl = pd.impl.reg_mr(length, int(access))
+        self.impl = pd.impl.reg_mr(length, int(access), None if buffer is None else _bytes_of(buffer, length))
 
     buf = property(lambda self: self.impl.addr)
     length = property(lambda self: self.impl.length)
@@ -90,6 +97,22 @@ class MR(_Closable):
 
     def close(self) -> None:
         self.impl.close()
+
+
+def _bytes_of(buffer: Buffer, length: int) -> memoryview:
+    """The first `length` bytes of `buffer` as a flat writable memoryview, or a one-line error why not."""
+    try:
+        view = memoryview(buffer)
+    except TypeError:
+        raise VerbsRDMAError(f"MR buffer: a {type(buffer).__name__} is not a buffer") from None
+    if view.readonly:
+        raise VerbsRDMAError("MR buffer: read-only memory cannot be registered (RDMA writes into it)")
+    if not view.c_contiguous:
+        raise VerbsRDMAError("MR buffer: memory must be C-contiguous")
+    view = view.cast("B")
+    if len(view) < length:
+        raise VerbsRDMAError(f"MR buffer: {len(view)} bytes, fewer than the length {length}")
+    return view[:length]
 
 
 class CompChannel(_Closable):

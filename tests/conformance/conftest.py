@@ -113,6 +113,12 @@ class Side:
         self.extra.append(mr)
         return mr
 
+    def reg_buffer(self, buffer: object, length: int, access: int = ALL_ACCESS) -> MR:
+        """Register the caller's own memory (closed with the side)."""
+        mr = MR(self.pd, length, access, buffer)
+        self.extra.append(mr)
+        return mr
+
     def wait(self, count: int = 1, timeout: float = 10.0) -> list[WC]:
         """Exactly `count` completions (or fewer at the timeout), blocking on the channel meanwhile."""
         got: list[WC] = []

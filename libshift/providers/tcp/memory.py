@@ -1,8 +1,9 @@
 """Protection domains and memory regions of the tcp provider, and the key checks both ends rely on.
 
-An MR owns anonymous mmap'd memory; its `addr` is the real address of that memory, as with pyverbs, so an
-SGE or a remote address is `mr.buf + offset`. Every access goes through `local()` or `remote()`, which
-return a memoryview of exactly the bytes asked for, or None when keys, bounds, PD or access flags forbid it.
+An MR owns anonymous mmap'd memory or holds the caller's buffer; its `addr` is the real address of that
+memory, as with pyverbs, so an SGE or a remote address is `mr.buf + offset`. Every access goes through
+`local()` or `remote()`, which return a memoryview of exactly the bytes asked for, or None when keys,
+bounds, PD or access flags forbid it.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ LOCAL_WRITE = int(ibv_access_flags.IBV_ACCESS_LOCAL_WRITE)  # a plain int: IntFl
 
 
 class TcpMR(ProviderMR):
-    def __init__(self, pd: TcpPD, length: int, access: int, lkey: int, rkey: int) -> None:
+    def __init__(
+        self, pd: TcpPD, length: int, access: int, lkey: int, rkey: int, buffer: memoryview | None
+    ) -> None:
         self.pd = pd
         self.length = length
         self.access = access
         self.lkey, self.rkey = lkey, rkey
-        self._memory = mmap.mmap(-1, length)
-        self.view = memoryview(self._memory)
-        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self._memory))
+        self.view = memoryview(mmap.mmap(-1, length)) if buffer is None else buffer
+        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.view))
 
     def slice(self, addr: int, length: int) -> memoryview | None:
         offset = addr - self.addr
@@ -50,10 +52,10 @@ class TcpPD(ProviderPD):
         self._by_lkey: dict[int, TcpMR] = {}
         self._by_rkey: dict[int, TcpMR] = {}
 
-    def reg_mr(self, length: int, access: int) -> TcpMR:
+    def reg_mr(self, length: int, access: int, buffer: memoryview | None = None) -> TcpMR:
         with self.ctx.engine.lock:
             lkey, rkey = self.ctx.new_key(), self.ctx.new_key()
-            mr = TcpMR(self, length, access, lkey, rkey)
+            mr = TcpMR(self, length, access, lkey, rkey, buffer)
             self._by_lkey[lkey] = mr
             self._by_rkey[rkey] = mr
             return mr
