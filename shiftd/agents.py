@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -39,6 +40,7 @@ class Agent:
     connection: str
     cred: PeerCred
     keys: set[str] = field(default_factory=set)
+    on_backup: Counter[str] = field(default_factory=Counter)  # default device -> QPs now on a backup
 
 
 class KeyStore(Protocol):
@@ -126,6 +128,23 @@ class AgentTable:
         for key in keys:
             self._forget(agent, key)
 
+    def record_switch(self, agent_id: str, cred: PeerCred, report: common_pb2.FailoverReport) -> None:
+        """Follow the agent's QPs off and back onto their default device, from its failover reports.
+
+        A failover away from the default device puts `qps` on a backup; a failback (to the default device)
+        takes them off; a move from one backup to another changes nothing.
+        """
+        agent = self._own(agent_id, cred)
+        if report.kind == common_pb2.FAILOVER_KIND_FAILBACK:
+            device = report.backup_device
+            agent.on_backup[device] = max(0, agent.on_backup[device] - report.qps)
+        elif report.device == (report.default_device or report.device):
+            agent.on_backup[report.device] += report.qps
+
+    def qps_on_backup(self, device: str) -> int:
+        """QPs whose default device is `device` and which run on a backup now, over all live agents."""
+        return sum(agent.on_backup[device] for agent in self.agents.values())
+
     def mapping_counts(self) -> tuple[int, int]:
         """(QP, MR) mappings published by all agents; counted when asked (a scrape), not per publish."""
         return _split_counts(self._owner)
@@ -164,6 +183,7 @@ def _info(agent: Agent) -> common_pb2.AgentInfo:
     info = common_pb2.AgentInfo()
     info.CopyFrom(agent.info)
     info.qp_mappings, info.mr_mappings = _split_counts(agent.keys)
+    info.qps_on_backup = sum(agent.on_backup.values())
     return info
 
 

@@ -116,7 +116,7 @@ def format_status(s: admin_pb2.StatusResponse) -> str:
     for agent in s.agents:
         lines.append(
             f"agent {agent.agent_id}: pid {agent.pid} {agent.name} "
-            f"qps={agent.qp_mappings} mrs={agent.mr_mappings}"
+            f"qps={agent.qp_mappings} mrs={agent.mr_mappings} on_backup={agent.qps_on_backup}"
         )
     return "\n".join(lines)
 

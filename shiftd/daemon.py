@@ -185,6 +185,8 @@ class Daemon:
         self.metrics.agents.set_function(lambda: len(self.agents.agents))
         self.metrics.mappings.labels("qp").set_function(lambda: self.agents.mapping_counts()[0])
         self.metrics.mappings.labels("mr").set_function(lambda: self.agents.mapping_counts()[1])
+        for device in self.nics.devices:
+            self.metrics.backup_qps.labels(device).set_function(lambda d=device: self.agents.qps_on_backup(d))
         if not listen:
             return
         host, port = config_mod.parse_host_port("metrics.listen", listen)

@@ -75,6 +75,12 @@ class Metrics:
             buckets=DOWNTIME_BUCKETS,
             registry=r,
         )
+        self.backup_qps = Gauge(
+            "shift_backup_qps",
+            "QPs whose default NIC is this device and which run on a backup NIC now.",
+            ["device"],
+            registry=r,
+        )
         self.rewound = Counter(
             "shift_rewound_work_requests_total", "Work requests re-posted on a backup QP.", registry=r
         )

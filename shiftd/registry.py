@@ -286,8 +286,14 @@ class Registry:
     # ---- lookups and watches --------------------------------------------------------------------
 
     async def get(self, key: str) -> str | None:
-        """The value of `key` (relative), or None; RegistryUnavailable if etcd does not answer in time."""
-        full = self._full(key).encode()
+        """The value of `key` (relative), or None; RegistryUnavailable if etcd does not answer in time.
+
+        A key of our own with a write still pending answers as etcd will hold it: an agent that withdrew
+        a mapping must not find it again through the same daemon (read your own writes).
+        """
+        if (own := self._full(key)) in self._dirty:
+            return self._desired.get(own)
+        full = own.encode()
         _, kvs = await self._link.snapshot(full, full + b"\0")
         return kvs[0].value.decode() if kvs else None
 

@@ -170,8 +170,7 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
 
     @unary()
     async def ReportFailover(self, request, context, cred):
-        if request.agent_id not in self.daemon.agents.agents:
-            raise AgentError("NOT_FOUND", f"no agent {request.agent_id!r} is registered")
+        self.daemon.agents.record_switch(request.agent_id, cred, request.report)
         self.daemon.record_failover(request.report)
         return agent_pb2.ReportFailoverResponse()
 

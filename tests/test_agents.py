@@ -110,3 +110,40 @@ def test_register_with_someone_elses_pid_is_refused(table):
     with pytest.raises(AgentError) as err:
         agents.register("c", ALICE, 4242, "", "")
     assert err.value.code == "PERMISSION_DENIED"
+
+
+def switch(kind, left, to, qps=1, default="mlx5_0"):
+    return common_pb2.FailoverReport(
+        kind=kind, device=left, backup_device=to, default_device=default, qps=qps
+    )
+
+
+FAILOVER, FAILBACK = common_pb2.FAILOVER_KIND_FAILOVER, common_pb2.FAILOVER_KIND_FAILBACK
+
+
+def test_qps_on_backup_follow_failovers_and_failbacks_by_default_device(table):
+    agents, _, _ = table
+    a = agents.register("conn-a", ALICE, 100, "train", "job1").agent_id
+    b = agents.register("conn-b", BOB, 200, "train", "job1").agent_id
+    agents.record_switch(a, ALICE, switch(FAILOVER, "mlx5_0", "mlx5_1", qps=3))
+    agents.record_switch(b, BOB, switch(FAILOVER, "mlx5_0", "mlx5_1"))
+    agents.record_switch(b, BOB, switch(FAILOVER, "mlx5_1", "mlx5_2"))  # backup to backup: still off mlx5_0
+    assert (agents.qps_on_backup("mlx5_0"), agents.qps_on_backup("mlx5_1")) == (4, 0)
+    agents.record_switch(a, ALICE, switch(FAILBACK, "mlx5_1", "mlx5_0", qps=2))
+    assert agents.qps_on_backup("mlx5_0") == 2
+    assert {i.agent_id: i.qps_on_backup for i in agents.infos()} == {a: 1, b: 1}
+    agents.record_switch(a, ALICE, switch(FAILBACK, "mlx5_1", "mlx5_0", qps=5))  # more than it had: none left
+    agents.connection_closed("conn-b")  # its QPs are gone with it
+    assert agents.qps_on_backup("mlx5_0") == 0
+
+
+def test_an_agent_reports_only_for_itself(table):
+    agents, _, _ = table
+    a = agents.register("conn-a", ALICE, 100, "train", "job1").agent_id
+    with pytest.raises(AgentError) as refused:
+        agents.record_switch(a, BOB, switch(FAILOVER, "mlx5_0", "mlx5_1"))
+    assert refused.value.code == "PERMISSION_DENIED"
+    with pytest.raises(AgentError) as unknown:
+        agents.record_switch("nobody", ALICE, switch(FAILOVER, "mlx5_0", "mlx5_1"))
+    assert unknown.value.code == "NOT_FOUND"
+    assert agents.qps_on_backup("mlx5_0") == 0

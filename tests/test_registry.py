@@ -132,6 +132,7 @@ def test_publish_get_delete_and_revoke_on_stop(etcd: EtcdProcess) -> None:
         reg.delete("qp/g0/7")
         reg.put("qp/g0/8", "changed")
         assert reg.pending == 2
+        assert (await reg.get("qp/g0/7"), await reg.get("qp/g0/8")) == (None, "changed")  # our own writes
         assert await reg.wait_synced(5)
         assert stored(etcd, "qp/g0/7") is None
         assert stored(etcd, "qp/g0/8") == ("changed", reg.lease_id)

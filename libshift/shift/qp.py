@@ -257,6 +257,20 @@ class ShiftQP:
             if self.state == State.DEFAULT:
                 self._switch_to(BACKUP, "nic_event")
 
+    def backup_down(self) -> None:
+        """shiftd says the backup device is down. On it, leave for the default path if that is re-armed (a
+        failback under way), else give up at once: the application gets its errors now, not after the ack
+        deadline, and a side that only receives (which no deadline would ever wake) learns of it too."""
+        with self.ctx.lock:
+            if self.state != State.FALLBACK:
+                return  # on the default path, a dead backup shows when a switch's notification fails
+            if self._can_leave():
+                self._switch_to(PRIMARY, "nic_event")
+                return
+            log.warning("QP %d: the backup device failed with nothing left to switch to", self.qp_num)
+            self._break()
+            self.qps[BACKUP].to_err()  # what is posted there flushes to the application
+
     def nic_up(self) -> None:
         """The default device is back: re-arm the default path on both sides, probe it, then switch back."""
         with self.ctx.lock:
@@ -420,6 +434,7 @@ class ShiftQP:
                 kind=common_pb2.FAILOVER_KIND_FAILBACK if failback else common_pb2.FAILOVER_KIND_FAILOVER,
                 device=names[left],
                 backup_device=names[self.current],
+                default_device=names[PRIMARY],
                 reason=reason,
                 downtime_seconds=time.monotonic() - started,
                 reposted_work_requests=moved + len(replay),

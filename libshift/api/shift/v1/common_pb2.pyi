@@ -134,7 +134,7 @@ class MrMapping(_message.Message):
     def __init__(self, gid: _Optional[str] = ..., rkey: _Optional[int] = ..., backup_gid: _Optional[str] = ..., backup_rkey: _Optional[int] = ...) -> None: ...
 
 class FailoverReport(_message.Message):
-    __slots__ = ("kind", "device", "backup_device", "reason", "downtime_seconds", "reposted_work_requests", "qps", "time_unix_nanos")
+    __slots__ = ("kind", "device", "backup_device", "reason", "downtime_seconds", "reposted_work_requests", "qps", "time_unix_nanos", "default_device")
     KIND_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     BACKUP_DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,7 @@ class FailoverReport(_message.Message):
     REPOSTED_WORK_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     QPS_FIELD_NUMBER: _ClassVar[int]
     TIME_UNIX_NANOS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_DEVICE_FIELD_NUMBER: _ClassVar[int]
     kind: FailoverKind
     device: str
     backup_device: str
@@ -151,10 +152,11 @@ class FailoverReport(_message.Message):
     reposted_work_requests: int
     qps: int
     time_unix_nanos: int
-    def __init__(self, kind: _Optional[_Union[FailoverKind, str]] = ..., device: _Optional[str] = ..., backup_device: _Optional[str] = ..., reason: _Optional[str] = ..., downtime_seconds: _Optional[float] = ..., reposted_work_requests: _Optional[int] = ..., qps: _Optional[int] = ..., time_unix_nanos: _Optional[int] = ...) -> None: ...
+    default_device: str
+    def __init__(self, kind: _Optional[_Union[FailoverKind, str]] = ..., device: _Optional[str] = ..., backup_device: _Optional[str] = ..., reason: _Optional[str] = ..., downtime_seconds: _Optional[float] = ..., reposted_work_requests: _Optional[int] = ..., qps: _Optional[int] = ..., time_unix_nanos: _Optional[int] = ..., default_device: _Optional[str] = ...) -> None: ...
 
 class AgentInfo(_message.Message):
-    __slots__ = ("agent_id", "pid", "uid", "name", "job", "registered_unix_nanos", "qp_mappings", "mr_mappings")
+    __slots__ = ("agent_id", "pid", "uid", "name", "job", "registered_unix_nanos", "qp_mappings", "mr_mappings", "qps_on_backup")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +165,7 @@ class AgentInfo(_message.Message):
     REGISTERED_UNIX_NANOS_FIELD_NUMBER: _ClassVar[int]
     QP_MAPPINGS_FIELD_NUMBER: _ClassVar[int]
     MR_MAPPINGS_FIELD_NUMBER: _ClassVar[int]
+    QPS_ON_BACKUP_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     pid: int
     uid: int
@@ -171,4 +174,5 @@ class AgentInfo(_message.Message):
     registered_unix_nanos: int
     qp_mappings: int
     mr_mappings: int
-    def __init__(self, agent_id: _Optional[str] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., name: _Optional[str] = ..., job: _Optional[str] = ..., registered_unix_nanos: _Optional[int] = ..., qp_mappings: _Optional[int] = ..., mr_mappings: _Optional[int] = ...) -> None: ...
+    qps_on_backup: int
+    def __init__(self, agent_id: _Optional[str] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., name: _Optional[str] = ..., job: _Optional[str] = ..., registered_unix_nanos: _Optional[int] = ..., qp_mappings: _Optional[int] = ..., mr_mappings: _Optional[int] = ..., qps_on_backup: _Optional[int] = ...) -> None: ...
