@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 system-deps:
-	@bash scripts/ensure-system-deps.sh
+	@bash scripts/ensure-system-deps.sh $(VENV)
 
 test: setup
 	$(PY) -m pytest -q

@@ -1,8 +1,21 @@
-"""Device discovery across every provider: what `Context(name=...)` can open."""
+"""Device discovery across every provider: what `Context(name=...)` can open.
+
+The providers are asked in order: tcp (devices an operator configured by name), then verbs (RNICs found by
+rdma-core). The verbs provider imports pyverbs only when it is asked for its devices, and answers with none
+where pyverbs or RDMA is missing, so discovery never fails for want of rdma-core.
+"""
 
 from __future__ import annotations
 
-from libshift.providers import DeviceInfo, Provider, providers
+from libshift.providers import DeviceInfo, Provider
+
+
+def providers() -> list[Provider]:
+    """Every provider this installation offers, in the order a device name is looked up."""
+    from libshift.providers.tcp import TcpProvider
+    from libshift.providers.verbs import VerbsProvider
+
+    return [TcpProvider(), VerbsProvider()]
 
 
 def get_device_list() -> list[DeviceInfo]:
@@ -15,12 +28,17 @@ def find_device(name: str, provider: str | None = None) -> tuple[Provider, Devic
     from libshift.verbs.errors import VerbsError  # here: libshift.verbs imports this module at load time
 
     seen = []
+    why_none = []
     for candidate in providers():
         if provider is not None and candidate.name != provider:
             continue
-        for device in candidate.devices():
+        devices = candidate.devices()
+        for device in devices:
             if device.name == name:
                 return candidate, device
             seen.append(device.name)
+        if not devices and candidate.unavailable:
+            why_none.append(f"{candidate.name}: {candidate.unavailable}")
     known = ", ".join(seen) or "none"
-    raise VerbsError(f"no RDMA device {name!r} (known devices: {known})")
+    because = f"; {'; '.join(why_none)}" if why_none and (provider is not None or not seen) else ""
+    raise VerbsError(f"no RDMA device {name!r} (known devices: {known}){because}")

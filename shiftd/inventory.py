@@ -1,6 +1,7 @@
 """Which NICs shiftd watches: RDMA ports found in sysfs, plus tcp devices from the config.
 
-The sysfs layout is the one the kernel's ib_core exposes (see tests/fixtures/sysfs):
+The sysfs layout is the one the kernel's ib_core exposes (see tests/fixtures/sysfs-*: RoCE, InfiniBand,
+RoCE LAG):
 class/infiniband/DEV/ports/N/{state,phys_state,link_layer,counters/link_downed} and the
 port's netdev in gid_attrs/ndevs/* (RoCE) or, failing that, DEV/device/net/* (IPoIB).
 The sysfs root is configurable so the same code reads a fixture tree in tests.
@@ -81,7 +82,8 @@ def port_status(sysfs_root: Path, device: str, port: int) -> PortStatus | None:
 
 
 def _port_netdev(dev_dir: Path, port: int) -> str:
-    """The GID table names the port's netdev (lowest index: the default GID); IPoIB has none there."""
+    """The GID table names the port's netdev (lowest index: the default GID; a bond for RoCE LAG, as
+    mlx5_bond_0's GIDs name bond0); IPoIB has none there, so the PCI function's netdevs are next."""
     ndevs = dev_dir / "ports" / str(port) / "gid_attrs" / "ndevs"
     for index in sorted(_numbered(ndevs)):
         if name := _read(ndevs / str(index)):
@@ -89,8 +91,14 @@ def _port_netdev(dev_dir: Path, port: int) -> str:
     candidates = sorted((dev_dir / "device" / "net").glob("*"))
     for net in candidates:  # a multi-port function tells its netdevs apart by dev_port (0-based)
         if _read(net / "dev_port") == str(port - 1):
-            return net.name
-    return candidates[0].name if candidates else ""
+            return _upper(net)
+    return _upper(candidates[0]) if candidates else ""
+
+
+def _upper(net: Path) -> str:
+    """A bonded netdev's traffic is the bond's (its `master` link): the bond is what carries the port."""
+    master = net / "master"
+    return master.resolve().name if master.is_symlink() else net.name
 
 
 def _label(text: str) -> str:

@@ -11,7 +11,9 @@ from shiftd.config import Config, MonitorsConfig
 from shiftd.inventory import InventoryError, RdmaPort, port_status, rdma_ports, scan
 from shiftd.nic import NicSpec, PortStatus
 
-FIXTURE = Path(__file__).parent / "fixtures" / "sysfs"
+FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURE = FIXTURES / "sysfs"
+ROCE, IB, BOND = (FIXTURES / f"sysfs-{kind}" for kind in ("roce", "ib", "bond"))
 PORT_DIR = "class/infiniband/{}/ports/1"
 
 
@@ -95,3 +97,37 @@ def test_port_status_reads_state_words_and_tolerates_missing_counters(sysfs: Pat
     assert port_status(sysfs, "mlx5_0", 1) == PortStatus("mlx5_0", 1, "ARMED", "LinkUp", 0)
     assert port_status(sysfs, "mlx5_0", 2) is None
     assert port_status(sysfs, "mlx5_9", 1) is None
+
+
+def test_connectx_roce_host_one_port_per_function() -> None:
+    """A ConnectX-6 Dx pair as a rail-optimized GPU host has it: mlx5_0 and mlx5_1, one port each, the
+    netdev from the default GID (not the VLAN's GIDs that follow it)."""
+    assert rdma_ports(ROCE) == [
+        RdmaPort("mlx5_0", 1, "ens1f0np0", "Ethernet", PortStatus("mlx5_0", 1, "ACTIVE", "LinkUp", 0)),
+        RdmaPort("mlx5_1", 1, "ens1f1np1", "Ethernet", PortStatus("mlx5_1", 1, "ACTIVE", "LinkUp", 2)),
+    ]
+    assert [n.device for n in scan(config(ROCE)).nics] == ["mlx5_0", "mlx5_1"]
+
+
+def test_infiniband_host_uses_the_ipoib_netdev_and_keeps_port_states() -> None:
+    assert rdma_ports(IB) == [
+        RdmaPort("mlx5_0", 1, "ibp23s0", "InfiniBand", PortStatus("mlx5_0", 1, "ACTIVE", "LinkUp", 0)),
+        RdmaPort("mlx5_1", 1, "ibp24s0", "InfiniBand", PortStatus("mlx5_1", 1, "INIT", "LinkUp", 1)),
+    ]
+
+
+def test_roce_lag_is_one_device_on_the_bond(tmp_path: Path) -> None:
+    assert rdma_ports(BOND) == [
+        RdmaPort("mlx5_bond_0", 1, "bond0", "Ethernet", PortStatus("mlx5_bond_0", 1, "ACTIVE", "LinkUp", 0)),
+    ]
+    root = tmp_path / "sys"
+    shutil.copytree(BOND, root, symlinks=True)
+    shutil.rmtree(root / PORT_DIR.format("mlx5_bond_0") / "gid_attrs" / "ndevs")
+    # without GIDs naming it, the bond is still found: the function's netdev is a member of bond0
+    assert rdma_ports(root)[0].netdev == "bond0"
+
+
+def test_system_device_names_are_kept() -> None:
+    """Names are the kernel's (mlx5_0, mlx5_bond_0), so `shiftctl fail-nic mlx5_0` names a real NIC."""
+    names = {p.device for tree in (ROCE, IB, BOND) for p in rdma_ports(tree)}
+    assert names == {"mlx5_0", "mlx5_1", "mlx5_bond_0"}

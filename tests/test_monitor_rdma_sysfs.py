@@ -8,17 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from shiftd.monitors.rdma_sysfs import RdmaSysfsMonitor
+from shiftd.monitors.rdma_sysfs import MISSED_FLAP, RdmaSysfsMonitor
 from shiftd.nic import PortStatus
 
-FIXTURE = Path(__file__).parent / "fixtures" / "sysfs"
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def copy_tree(tmp_path: Path, name: str) -> Path:
+    """A writable copy of a fixture tree, symlinks kept relative as in sysfs."""
+    root = tmp_path / name
+    shutil.copytree(FIXTURES / name, root, symlinks=True)
+    return root
 
 
 @pytest.fixture
 def sysfs(tmp_path: Path) -> Path:
-    root = tmp_path / "sys"
-    shutil.copytree(FIXTURE, root, symlinks=True)
-    return root
+    return copy_tree(tmp_path, "sysfs")
 
 
 def set_port(root: Path, device: str, state: str, phys: str, downed: int | None = None) -> None:
@@ -42,11 +47,40 @@ def test_poll_reports_everything_first_then_only_changes(sysfs: Path) -> None:
     assert len(seen) == 3
 
 
-def test_counter_change_alone_is_reported(sysfs: Path) -> None:
-    monitor = RdmaSysfsMonitor(sysfs, [("mlx5_0", 1)], 0.5, lambda s: None)
+def test_flap_between_polls_is_reported_as_down_then_up(sysfs: Path) -> None:
+    """Only link_downed saw it: the monitor reports the DOWN it missed, then the state now."""
+    seen: list[PortStatus] = []
+    monitor = RdmaSysfsMonitor(sysfs, [("mlx5_0", 1)], 0.5, seen.append)
     monitor.poll()
     (sysfs / "class/infiniband/mlx5_0/ports/1/counters/link_downed").write_text("7\n")
-    assert monitor.poll() == [PortStatus("mlx5_0", 1, "ACTIVE", "LinkUp", 7)]
+    expected = [
+        PortStatus("mlx5_0", 1, "DOWN", MISSED_FLAP, 7),
+        PortStatus("mlx5_0", 1, "ACTIVE", "LinkUp", 7),
+    ]
+    assert monitor.poll() == expected
+    assert seen[1:] == expected
+    assert monitor.poll() == []
+
+
+def test_counter_rising_while_down_is_no_extra_flap(sysfs: Path) -> None:
+    monitor = RdmaSysfsMonitor(sysfs, [("mlx5_0", 1)], 0.5, lambda s: None)
+    monitor.poll()
+    set_port(sysfs, "mlx5_0", "1: DOWN", "2: Polling", downed=1)
+    assert monitor.poll() == [PortStatus("mlx5_0", 1, "DOWN", "Polling", 1)]
+    set_port(sysfs, "mlx5_0", "4: ACTIVE", "5: LinkUp", downed=2)  # it bounced again while down
+    assert monitor.poll() == [PortStatus("mlx5_0", 1, "ACTIVE", "LinkUp", 2)]
+
+
+@pytest.mark.parametrize(
+    ("tree", "device"), [("sysfs-roce", "mlx5_1"), ("sysfs-ib", "mlx5_0"), ("sysfs-bond", "mlx5_bond_0")]
+)
+def test_port_going_down_on_connectx_layouts(tmp_path: Path, tree: str, device: str) -> None:
+    root = copy_tree(tmp_path, tree)
+    monitor = RdmaSysfsMonitor(root, [(device, 1)], 0.5, lambda s: None)
+    (first,) = monitor.poll()
+    assert first.state == "ACTIVE" and first.phys_state == "LinkUp"
+    set_port(root, device, "1: DOWN", "3: Disabled", downed=first.link_downed + 1)
+    assert monitor.poll() == [PortStatus(device, 1, "DOWN", "Disabled", first.link_downed + 1)]
 
 
 def test_removed_device_reads_as_port_down(sysfs: Path) -> None:

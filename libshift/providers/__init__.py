@@ -132,19 +132,13 @@ class ProviderContext(ABC):
 
 
 class Provider(ABC):
-    """A transport: lists its devices and opens them."""
+    """A transport: lists its devices and opens them; `unavailable` says why it has none, if it knows."""
 
     name: str
+    unavailable: str = ""
 
     @abstractmethod
     def devices(self) -> list[DeviceInfo]: ...
 
     @abstractmethod
     def open(self, device: DeviceInfo) -> ProviderContext: ...
-
-
-def providers() -> list[Provider]:
-    """Every provider this installation offers, in preference order."""
-    from libshift.providers.tcp import TcpProvider
-
-    return [TcpProvider()]

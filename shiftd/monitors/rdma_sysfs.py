@@ -3,6 +3,10 @@
 ib_core sends no netlink or uevent when a port's logical state moves (DOWN, INIT, ARMED,
 ACTIVE), so the one way to see it is to read sysfs; a short poll of a few small files is cheap.
 A port whose files vanish (device removed) reads as state DOWN with an empty phys_state.
+
+A link that goes down and comes back between two polls leaves only one trace: counters/link_downed
+went up. The monitor reports such a flap as it happened, a DOWN (phys_state MISSED_FLAP) and then the
+state read now, so the health tracker's flap damping holds the NIC as it would for a flap it saw.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from pathlib import Path
 
 from shiftd.inventory import port_status
 from shiftd.nic import PortStatus
+
+MISSED_FLAP = "LinkDown (between polls)"
+DOWN_STATES = ("DOWN", "NOP")
 
 
 class RdmaSysfsMonitor:
@@ -36,10 +43,14 @@ class RdmaSysfsMonitor:
         changed = []
         for device, port in self.ports:
             status = port_status(self.sysfs_root, device, port) or PortStatus(device, port, "DOWN", "")
-            if self._last.get((device, port)) != status:
-                self._last[(device, port)] = status
+            last = self._last.get((device, port))
+            if last is not None and missed_flap(last, status):
+                changed.append(PortStatus(device, port, "DOWN", MISSED_FLAP, status.link_downed))
+            if last != status:
                 changed.append(status)
-                self.on_port(status)
+            self._last[(device, port)] = status
+        for status in changed:
+            self.on_port(status)
         return changed
 
     async def run(self) -> None:
@@ -47,3 +58,10 @@ class RdmaSysfsMonitor:
         while True:
             self.poll()
             await asyncio.sleep(self.interval)
+
+
+def missed_flap(last: PortStatus, now: PortStatus) -> bool:
+    """The port was up at both reads, yet its link went down in between (link_downed counted it)."""
+    return (
+        now.link_downed > last.link_downed and last.state not in DOWN_STATES and now.state not in DOWN_STATES
+    )

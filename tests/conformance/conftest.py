@@ -4,6 +4,12 @@ The test bodies use only the verbs API. Everything provider-specific lives here:
 hosts have and how a link is broken. SHIFT_TEST_PROVIDER picks the provider (default tcp); the tcp fabric
 is a lab of two hosts (`shift-lab`, prefix `vx`) whose links shiftd breaks (`shiftctl fail-nic`, down or
 black hole), removed at the end of the session.
+
+SHIFT_TEST_PROVIDER=verbs runs the suite on this host's RNICs: both sides on the first device (QPs of one
+RNIC reach each other through it), or on the two named in SHIFT_TEST_VERBS_DEVICES=mlx5_0,mlx5_1 (which
+must share a fabric). Without a device every test is skipped with the reason. Link faults take the first
+device's netdev down, so they run only with SHIFT_TEST_VERBS_BREAK_LINK=1; a black hole cannot be made
+with tc on an RNIC (RDMA bypasses the kernel's stack), so those cases are skipped.
 """
 
 from __future__ import annotations
@@ -58,10 +64,33 @@ class LabLink:
         self._shiftctl("recover-nic", self._device)
 
 
+class HostLink:
+    """A real RNIC's link on this host, taken down and up with ip(8)."""
+
+    def __init__(self, netdev: str) -> None:
+        self._netdev = netdev
+
+    def _ip(self, state: str) -> None:
+        result = subprocess.run(
+            ["ip", "link", "set", "dev", self._netdev, state], capture_output=True, text=True, timeout=30
+        )
+        assert result.returncode == 0, result.stderr
+
+    def down(self) -> None:
+        self._ip("down")
+
+    def blackhole(self) -> None:
+        pytest.skip("a tc black hole does not stop RDMA: an RNIC's traffic bypasses the kernel's stack")
+
+    def restore(self) -> None:
+        self._ip("up")
+
+
 @dataclass
 class Fabric:
     devices: tuple[str, str]
-    link: LabLink
+    link: LabLink | HostLink | None  # None: links are not broken on this fabric (skip_reason says why)
+    skip_reason: str = ""
 
 
 def _tcp_fabric() -> Iterator[Fabric]:
@@ -74,16 +103,40 @@ def _tcp_fabric() -> Iterator[Fabric]:
         yield Fabric(devices=("vx_a", "vx_b"), link=LabLink(lab))
 
 
+def _verbs_fabric() -> Iterator[Fabric]:
+    """This host's RNICs (see the module's docstring); every test skips, with the reason, without one."""
+    from libshift.providers.verbs import VerbsProvider
+
+    provider = VerbsProvider()
+    devices = {device.name: device for device in provider.devices()}
+    if not devices:
+        pytest.skip(f"SHIFT_TEST_PROVIDER=verbs: {provider.unavailable}")
+    named = [n for n in os.environ.get("SHIFT_TEST_VERBS_DEVICES", "").split(",") if n]
+    a, b = (named * 2)[:2] if named else [min(devices)] * 2
+    missing = [n for n in (a, b) if n not in devices]
+    if missing:
+        pytest.fail(f"SHIFT_TEST_VERBS_DEVICES names {missing}; this host has {sorted(devices)}")
+    if os.environ.get("SHIFT_TEST_VERBS_BREAK_LINK") == "1":
+        yield Fabric(devices=(a, b), link=HostLink(devices[a].netdev))
+    else:
+        yield Fabric((a, b), None, "link faults take a real NIC down: set SHIFT_TEST_VERBS_BREAK_LINK=1")
+
+
+FABRICS = {"tcp": _tcp_fabric, "verbs": _verbs_fabric}
+
+
 @pytest.fixture(scope="session")
 def fabric() -> Iterator[Fabric]:
-    if PROVIDER != "tcp":
-        pytest.fail(f"SHIFT_TEST_PROVIDER={PROVIDER}: this suite has no fabric fixture for that provider yet")
-    yield from _tcp_fabric()
+    if PROVIDER not in FABRICS:
+        pytest.fail(f"SHIFT_TEST_PROVIDER={PROVIDER}: known providers are {', '.join(FABRICS)}")
+    yield from FABRICS[PROVIDER]()
 
 
 @pytest.fixture
-def link(fabric: Fabric) -> Iterator[LabLink]:
+def link(fabric: Fabric) -> Iterator[LabLink | HostLink]:
     """The link between the hosts, restored after the test whatever the test did to it."""
+    if fabric.link is None:
+        pytest.skip(fabric.skip_reason)
     yield fabric.link
     fabric.link.restore()
 

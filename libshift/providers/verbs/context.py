@@ -1,0 +1,167 @@
+"""An opened RNIC: its port and addressing, its QPs by number, and its async events.
+
+The port is the first ACTIVE one (ConnectX functions have one port each). The GID index is chosen from the
+sysfs GID table (gid.py) at open and again whenever an async event says addresses may have moved
+(GID_CHANGE, PORT_ACTIVE, LID_CHANGE): new QPs then use the current index. Async events are read by one
+thread per context, which waits on the async event file with poll() (fds.py says why) and hands each event,
+with its meaning, to the listeners: the resilience layer subscribes with add_event_listener.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from libshift.providers import DeviceInfo, ProviderContext
+from libshift.providers.verbs import fds
+from libshift.providers.verbs.binding import load, mapped
+from libshift.providers.verbs.convert import LINK_LAYER, Port, work_completion
+from libshift.providers.verbs.cq import VerbsChannel, VerbsCQ
+from libshift.providers.verbs.events import AsyncEvent, Listener, Listeners, describe, meaning_of
+from libshift.providers.verbs.gid import choose_gid, read_gid_table
+from libshift.providers.verbs.memory import VerbsPD
+from libshift.providers.verbs.qp import VerbsQP
+from libshift.verbs.enums import ibv_qp_state, ibv_wc_opcode
+from libshift.verbs.errors import VerbsError
+from libshift.verbs.wr import WC
+
+log = logging.getLogger("libshift.providers.verbs")
+PORT_ACTIVE = 4  # enum ibv_port_state
+
+
+class VerbsContext(ProviderContext):
+    def __init__(self, device: DeviceInfo, sysfs_root: Path = Path("/sys")) -> None:
+        self.device = device
+        self.sysfs_root = sysfs_root
+        self.qps: dict[int, VerbsQP] = {}
+        self._listeners = Listeners()
+        self._lock = threading.Lock()
+        pv = load()
+        with fds.new_fd(f"{device.name}: async events") as found, mapped(f"{device.name}: open_device"):
+            self.context = pv.device.Context(name=device.name)
+        try:
+            self._port, self._gid = self._address(self._active_port())
+        except BaseException:
+            self.context.close()
+            raise
+        self._waker = fds.Waker()
+        self._reader: threading.Thread | None = None
+        if found.fd is None:
+            log.warning("%s: async events are not watched (%s)", device.name, found.error)
+        else:
+            self._reader = threading.Thread(
+                target=self._read_events, args=(found.fd,), name=f"verbs-async-{device.name}", daemon=True
+            )
+            self._reader.start()
+
+    # -- addressing ---------------------------------------------------------------------------------------
+
+    def _active_port(self) -> int:
+        with mapped(f"{self.device.name}: query_device"):
+            count = self.context.query_device().phys_port_cnt
+        for num in range(1, count + 1):
+            with mapped(f"{self.device.name}: query_port {num}"):
+                if self.context.query_port(num).state == PORT_ACTIVE:
+                    return num
+        return 1
+
+    def _address(self, num: int) -> tuple[Port, str]:
+        """The port's attributes and the GID its QPs use now."""
+        with mapped(f"{self.device.name}: query_port {num}"):
+            attr = self.context.query_port(num)
+        link_layer = LINK_LAYER.get(attr.link_layer, "InfiniBand")
+        table = read_gid_table(self.sysfs_root, self.device.name, num)
+        try:
+            entry = choose_gid(table, link_layer, self.device.netdev)
+        except VerbsError as exc:
+            raise VerbsError(f"{self.device.name} port {num}: {exc}") from None
+        return Port(num, link_layer, attr.lid, attr.active_mtu, entry.index), entry.gid
+
+    def readdress(self) -> None:
+        """Choose the GID index (and read the LID) again: after a flap or a GID change they may differ."""
+        name, before = self.device.name, self.port()
+        try:
+            port, gid = self._address(before.num)
+        except VerbsError as exc:
+            log.warning("%s: addressing not re-read (%s); GID index stays %d", name, exc, before.gid_index)
+            return
+        with self._lock:
+            if port.gid_index != before.gid_index:
+                log.info("%s: GID index %d -> %d (%s)", name, before.gid_index, port.gid_index, gid)
+            self._port, self._gid = port, gid
+
+    def port(self) -> Port:
+        with self._lock:
+            return self._port
+
+    def gid(self) -> str:
+        with self._lock:
+            return self._gid
+
+    # -- async events -------------------------------------------------------------------------------------
+
+    def add_event_listener(self, listener: Listener) -> None:
+        """Call `listener(event)` on the reader thread for every async event of this device."""
+        self._listeners.add(listener)
+
+    def _read_events(self, fd: int) -> None:
+        while True:
+            ready = fds.wait_readable([fd, self._waker.fd], None)
+            if self._waker.fd in ready:
+                return
+            try:
+                raw = self.context.get_async_event()
+                event_type = raw.event_type
+                raw.ack()
+            except load().error as exc:
+                log.warning("%s: reading async events stopped: %s", self.device.name, exc)
+                return
+            try:
+                self.dispatch(event_type)
+            except Exception:  # the reader must outlive any one event
+                log.exception("%s: async event %d not handled", self.device.name, event_type)
+
+    def dispatch(self, event_type: int) -> AsyncEvent:
+        """Act on an event (choose the GID again when addresses may have moved) and surface it."""
+        if meaning_of(event_type).readdress:
+            self.readdress()
+        event = describe(self.device.name, event_type, self.port().num, self._failed_qps)
+        log.info("%s: async event %s", self.device.name, event.name)
+        self._listeners.emit(event)
+        return event
+
+    def _failed_qps(self) -> tuple[int, ...]:
+        return tuple(num for num, qp in list(self.qps.items()) if _in_error(qp))
+
+    # -- objects ------------------------------------------------------------------------------------------
+
+    def completion(self, raw: Any) -> WC:
+        qp = self.qps.get(raw.qp_num)
+        return qp.completed(raw) if qp is not None else work_completion(raw, ibv_wc_opcode.IBV_WC_SEND)
+
+    def alloc_pd(self) -> VerbsPD:
+        return VerbsPD(self)
+
+    def create_comp_channel(self) -> VerbsChannel:
+        return VerbsChannel(self)
+
+    def create_cq(self, cqe: int, channel: VerbsChannel | None) -> VerbsCQ:  # type: ignore[override]
+        return VerbsCQ(self, cqe, channel)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._waker.wake()
+            self._reader.join()
+            self._reader = None
+        self._waker.close()
+        with mapped(f"{self.device.name}: close_device"):
+            self.context.close()  # pyverbs closes what is still open under it, children first
+
+
+def _in_error(qp: VerbsQP) -> bool:
+    try:
+        return qp.state == ibv_qp_state.IBV_QPS_ERR
+    except VerbsError:
+        return True  # a QP that cannot be queried is of no use either

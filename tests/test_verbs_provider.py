@@ -1,0 +1,413 @@
+"""The verbs provider without an RNIC: loading, discovery, GID choice, events, and the pyverbs objects it
+builds (pyverbs' WRs, WCs and QP attributes are plain structures: they need no device).
+
+With Debian's python3-pyverbs linked into the venv (make setup), the real pyverbs is imported and meets
+rdma-core's "no device" answer for real; the tests that need pyverbs say so when it is missing.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from libshift.device import find_device, get_device_list
+from libshift.providers.verbs import VerbsProvider, binding, convert, fds
+from libshift.providers.verbs.events import (
+    MEANINGS,
+    UNKNOWN,
+    AsyncEvent,
+    EventType,
+    Listeners,
+    Scope,
+    describe,
+    meaning_of,
+)
+from libshift.providers.verbs.gid import GidEntry, choose_gid, format_gid, read_gid_table
+from libshift.verbs import SGE, Endpoint, QPAttr, RecvWR, SendWR, VerbsError, VerbsRDMAError
+from libshift.verbs import enums as e
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ROCE, IB, BOND = (FIXTURES / f"sysfs-{kind}" for kind in ("roce", "ib", "bond"))
+HAS_RDMA = any(Path("/sys/class/infiniband").glob("*"))
+
+
+def pyverbs_or_skip() -> binding.Pyverbs:
+    try:
+        return binding.load()
+    except binding.PyverbsMissing as exc:
+        pytest.skip(str(exc))
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env={**os.environ, **env}
+    )
+
+
+# -- loading and discovery ----------------------------------------------------------------------------------
+
+
+def test_libshift_imports_nothing_of_pyverbs_until_devices_are_listed():
+    result = run_python(
+        "import sys, libshift.verbs, libshift.device, libshift.shift, libshift.providers.verbs.context\n"
+        "print('pyverbs' in sys.modules)"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_without_pyverbs_the_provider_has_no_devices_and_says_why():
+    code = (
+        "import sys; sys.modules['pyverbs'] = None\n"  # an import of pyverbs now fails, as when absent
+        "from libshift.providers.verbs import VerbsProvider\n"
+        "from libshift.device import get_device_list\n"
+        "from libshift.verbs import Context, VerbsError\n"
+        "p = VerbsProvider(); print(p.devices()); print(p.unavailable)\n"
+        "print([d.name for d in get_device_list()])\n"
+        "try:\n    Context(name='mlx5_0', provider='verbs')\n"
+        "except VerbsError as exc:\n    print(exc)\n"
+    )
+    result = run_python(code, SHIFT_TCP_DEVICES="pv_t0=lo")
+    assert result.returncode == 0, result.stderr
+    listed, reason, names, error = result.stdout.splitlines()
+    assert listed == "[]"
+    assert reason.startswith("pyverbs cannot be loaded") and "python3-pyverbs" in reason
+    assert names == "['pv_t0']"  # the tcp devices are still there
+    assert error.startswith("no RDMA device 'mlx5_0' (known devices: none); verbs: pyverbs cannot be loaded")
+
+
+@pytest.mark.skipif(HAS_RDMA, reason="this host has RDMA devices: the no-device path is not reachable")
+def test_with_pyverbs_and_no_rdma_device_the_list_is_empty_not_an_error(monkeypatch):
+    pyverbs_or_skip()
+    provider = VerbsProvider()
+    assert provider.devices() == []
+    assert provider.unavailable.startswith("rdma-core found no RDMA device")
+    monkeypatch.setenv("SHIFT_TCP_DEVICES", "pv_t0=lo")
+    assert [(d.name, d.provider) for d in get_device_list()] == [("pv_t0", "tcp")]
+    with pytest.raises(VerbsError) as info:
+        find_device("mlx5_0", "verbs")
+    assert "\n" not in str(info.value) and "verbs: rdma-core found no RDMA device" in str(info.value)
+
+
+def test_pyverbs_errors_become_one_line_verbs_errors_with_their_errno():
+    pv = pyverbs_or_skip()
+    from pyverbs.pyverbs_error import PyverbsRDMAError
+
+    error = binding.rdma_error("QP 7: post_send", PyverbsRDMAError("Failed to post send", errno.EINVAL))
+    assert isinstance(error, VerbsRDMAError) and error.error_code == errno.EINVAL
+    assert str(error) == "QP 7: post_send failed: Invalid argument"
+    with pytest.raises(VerbsRDMAError) as info, binding.mapped("mlx5_0: open_device", errno.ENODEV):
+        raise pv.error("Failed to open\ndevice")  # no errno of its own: the default one is used
+    assert str(info.value) == "mlx5_0: open_device failed: No such device"
+    assert info.value.error_code == errno.ENODEV
+
+
+# -- GID choice ---------------------------------------------------------------------------------------------
+
+
+def copy_tree(tmp_path: Path, tree: Path) -> Path:
+    root = tmp_path / tree.name
+    shutil.copytree(tree, root, symlinks=True)
+    return root
+
+
+def test_gid_table_of_a_connectx_roce_port():
+    table = read_gid_table(ROCE, "mlx5_0", 1)
+    assert [(g.index, g.gid, g.type, g.netdev) for g in table] == [
+        (0, "fe80::842:ffff:fe00:10", "IB/RoCE v1", "ens1f0np0"),
+        (1, "fe80::842:ffff:fe00:10", "RoCE v2", "ens1f0np0"),
+        (2, "::ffff:198.18.0.10", "IB/RoCE v1", "ens1f0np0"),
+        (3, "::ffff:198.18.0.10", "RoCE v2", "ens1f0np0"),
+        (4, "::ffff:198.19.100.10", "IB/RoCE v1", "ens1f0np0.100"),
+        (5, "::ffff:198.19.100.10", "RoCE v2", "ens1f0np0.100"),
+    ]  # the unused (all-zero) entries 6 and 7 are left out
+
+
+def test_roce_chooses_v2_ipv4_of_the_ports_own_netdev():
+    table = read_gid_table(ROCE, "mlx5_0", 1)
+    assert choose_gid(table, "Ethernet", "ens1f0np0").index == 3
+    assert choose_gid(table, "Ethernet", "ens1f0np0.100").index == 5  # the VLAN's, when that is the netdev
+    assert choose_gid(read_gid_table(BOND, "mlx5_bond_0", 1), "Ethernet", "bond0").index == 3
+
+
+def test_gid_index_is_chosen_again_after_the_table_moves(tmp_path):
+    """After a flap the addresses come back at other indices; the choice follows the entry, not the index."""
+    root = copy_tree(tmp_path, ROCE)
+    port = root / "class/infiniband/mlx5_0/ports/1"
+    for index in (2, 3):
+        (port / "gids" / str(index)).write_text("0000:0000:0000:0000:0000:0000:0000:0000\n")
+        (port / "gid_attrs/types" / str(index)).unlink()
+    (port / "gids/7").write_text("0000:0000:0000:0000:0000:ffff:c612:000a\n")
+    (port / "gid_attrs/types/7").write_text("RoCE v2\n")
+    (port / "gid_attrs/ndevs/7").write_text("ens1f0np0\n")
+    chosen = choose_gid(read_gid_table(root, "mlx5_0", 1), "Ethernet", "ens1f0np0")
+    assert (chosen.index, chosen.gid) == (7, "::ffff:198.18.0.10")
+
+
+@pytest.mark.parametrize(
+    ("entries", "expected"),
+    [
+        # no IPv4: a global IPv6 address before a link-local one
+        ([(0, "fe80::1", "RoCE v2"), (1, "2001:db8::5", "RoCE v2")], 1),
+        # RoCE v2 before v1, even when v1 has the better address
+        ([(0, "::ffff:198.18.0.1", "IB/RoCE v1"), (1, "fe80::1", "RoCE v2")], 1),
+        # only v1 (a RoCE v1 fabric): v1 it is
+        ([(0, "fe80::1", "IB/RoCE v1"), (1, "::ffff:198.18.0.1", "IB/RoCE v1")], 1),
+    ],
+)
+def test_roce_ranking(entries, expected):
+    table = [GidEntry(i, format_gid(gid), kind, "eth0") for i, gid, kind in entries]
+    assert choose_gid(table, "Ethernet", "eth0").index == expected
+
+
+def test_infiniband_uses_the_port_gid():
+    (entry,) = read_gid_table(IB, "mlx5_0", 1)
+    assert (entry.index, entry.gid, entry.netdev) == (0, "fe80::a088:c203:45:7e10", "")
+    assert choose_gid([entry], "InfiniBand") is entry
+
+
+def test_a_port_without_gids_is_a_clear_error():
+    with pytest.raises(VerbsError, match="no valid GID"):
+        choose_gid([], "Ethernet")
+
+
+def test_provider_names_the_netdev_from_the_gid_table():
+    assert VerbsProvider(ROCE)._netdev("mlx5_1") == "ens1f1np1"
+    assert VerbsProvider(BOND)._netdev("mlx5_bond_0") == "bond0"
+    assert VerbsProvider(IB)._netdev("mlx5_0") == ""
+
+
+# -- async events -------------------------------------------------------------------------------------------
+
+
+def test_event_values_are_ibverbs_values():
+    pv = pyverbs_or_skip()
+    for kind in EventType:
+        assert getattr(pv.enums, f"IBV_EVENT_{kind.name}") == kind.value
+    assert set(MEANINGS) == set(EventType)
+
+
+@pytest.mark.parametrize(
+    ("kind", "nic_up", "readdress", "qp_error", "scope"),
+    [
+        (EventType.PORT_ERR, False, False, False, Scope.PORT),
+        (EventType.PORT_ACTIVE, True, True, False, Scope.PORT),  # GID indices move after a flap
+        (EventType.GID_CHANGE, None, True, False, Scope.PORT),
+        (EventType.QP_FATAL, None, False, True, Scope.QP),
+        (EventType.DEVICE_FATAL, False, False, False, Scope.DEVICE),
+        (EventType.CQ_ERR, None, False, True, Scope.CQ),
+        (EventType.COMM_EST, None, False, False, Scope.QP),
+    ],
+)
+def test_what_each_event_means_to_the_resilience_layer(kind, nic_up, readdress, qp_error, scope):
+    meaning = meaning_of(int(kind))
+    assert (meaning.nic_up, meaning.readdress, meaning.qp_error, meaning.scope) == (
+        nic_up,
+        readdress,
+        qp_error,
+        scope,
+    )
+
+
+def test_an_event_newer_than_the_table_is_named_and_means_nothing():
+    assert meaning_of(42) is UNKNOWN
+    assert AsyncEvent("mlx5_0", 42, UNKNOWN).name == "UNKNOWN_42"
+    assert AsyncEvent("mlx5_0", 10, meaning_of(10), port=1).name == "PORT_ERR"
+
+
+def test_events_as_surfaced_name_the_port_or_the_failed_qps():
+    asked = []
+
+    def failed() -> tuple[int, ...]:
+        asked.append(True)
+        return (17, 19)
+
+    down = describe("mlx5_0", EventType.PORT_ERR, 1, failed)
+    assert (down.port, down.qp_nums, down.meaning.nic_up, asked) == (1, (), False, [])
+    fatal = describe("mlx5_0", EventType.QP_FATAL, 1, failed)
+    assert (fatal.port, fatal.qp_nums, fatal.name) == (None, (17, 19), "QP_FATAL")
+    assert describe("mlx5_0", EventType.DEVICE_FATAL, 1, failed).port == 1
+
+
+def test_a_failing_listener_does_not_stop_the_others(caplog):
+    heard: list[str] = []
+    listeners = Listeners()
+
+    def broken(event: AsyncEvent) -> None:
+        raise RuntimeError("listener bug")
+
+    listeners.add(broken)
+    listeners.add(lambda event: heard.append(event.name))
+    listeners.emit(describe("mlx5_0", EventType.GID_CHANGE, 1, tuple))
+    assert heard == ["GID_CHANGE"]
+    assert "a listener of async event GID_CHANGE failed" in caplog.text
+
+
+# -- event files --------------------------------------------------------------------------------------------
+
+
+def test_new_fd_finds_the_one_file_created_in_the_block():
+    with fds.new_fd("eventfd", target="anon_inode:[eventfd]") as found:
+        made = os.eventfd(0)
+    try:
+        assert found.fd == made and found.error == ""
+        with fds.new_fd("nothing", target="anon_inode:[eventfd]") as none:
+            pass
+        assert none.fd is None and "0 new event files" in none.error
+        with pytest.raises(VerbsError, match="nothing: 0 new event files appeared"):
+            fds.require(none)
+    finally:
+        os.close(made)
+
+
+def test_wait_readable_times_out_then_sees_a_wake():
+    waker = fds.Waker()
+    try:
+        assert fds.wait_readable([waker.fd], 0.05) == []
+        waker.wake()
+        waker.wake()  # twice is once
+        assert fds.wait_readable([waker.fd], 5) == [waker.fd]
+        waker.clear()
+        assert fds.wait_readable([waker.fd], 0) == []
+    finally:
+        waker.close()
+
+
+# -- work requests, completions and QP attributes as pyverbs objects ---------------------------------------
+
+
+def test_send_wr_carries_opcode_sges_and_big_endian_immediate():
+    pv = pyverbs_or_skip()
+    wr = SendWR(
+        wr_id=9,
+        opcode=e.IBV_WR_SEND_WITH_IMM,
+        sg=[SGE(0x1000, 16, 7), SGE(0x2000, 8, 7)],
+        imm_data=0x01020304,
+        send_flags=e.IBV_SEND_SIGNALED | e.IBV_SEND_SOLICITED,
+    )
+    out = convert.send_wr(pv, wr)
+    assert (out.wr_id, out.opcode, out.num_sge) == (9, e.IBV_WR_SEND_WITH_IMM, 2)
+    assert out.send_flags == e.IBV_SEND_SIGNALED | e.IBV_SEND_SOLICITED
+    assert out.imm_data == socket.htonl(0x01020304)
+
+
+def test_zero_length_requests_have_no_sge():
+    pv = pyverbs_or_skip()
+    assert convert.send_wr(pv, SendWR(opcode=e.IBV_WR_SEND, sg=[])).num_sge == 0
+    assert convert.recv_wr(pv, RecvWR(wr_id=4, sg=[])).num_sge == 0
+    assert convert.recv_wr(pv, RecvWR(wr_id=5, sg=[SGE(1, 2, 3)] * 3, num_sge=2)).num_sge == 2
+
+
+@pytest.mark.parametrize("opcode", list(e.ibv_wr_opcode))
+def test_every_opcode_converts(opcode):
+    pv = pyverbs_or_skip()
+    wr = SendWR(opcode=opcode, sg=[SGE(0x1000, 8, 1)], remote_addr=0x4000, rkey=0x55, compare_add=1, swap=2)
+    assert convert.send_wr(pv, wr).opcode == opcode
+    assert convert.WC_OPCODE[opcode] in e.ibv_wc_opcode
+
+
+def test_an_unknown_opcode_is_refused_in_one_line():
+    pv = pyverbs_or_skip()
+    with pytest.raises(VerbsRDMAError, match=r"^unknown send opcode 42$"):
+        convert.send_wr(pv, SendWR(opcode=42, sg=[SGE(0x1000, 8, 1)]))
+
+
+def test_completions_map_status_opcode_and_immediate():
+    pv = pyverbs_or_skip()
+    WC = pv.cq.WC
+    recv = convert.work_completion(
+        WC(
+            wr_id=3,
+            status=0,
+            opcode=129,
+            qp_num=7,
+            byte_len=64,
+            imm_data=socket.htonl(77),
+            wc_flags=2,
+            src_qp=8,
+        ),
+        e.IBV_WC_SEND,
+    )
+    assert (recv.opcode, recv.status, recv.imm_data, recv.byte_len, recv.src_qp) == (
+        e.IBV_WC_RECV_RDMA_WITH_IMM,
+        e.IBV_WC_SUCCESS,
+        77,
+        64,
+        8,
+    )
+    # an error WC's opcode is undefined in ibverbs: the WR's opcode, remembered by the QP, stands in
+    flushed = convert.work_completion(WC(wr_id=4, status=5, opcode=0xEE, qp_num=7), e.IBV_WC_RDMA_READ)
+    assert (flushed.status, flushed.opcode) == (e.IBV_WC_WR_FLUSH_ERR, e.IBV_WC_RDMA_READ)
+    strange = convert.work_completion(
+        WC(wr_id=5, status=99, opcode=0, qp_num=7, vendor_err=0x81), e.IBV_WC_SEND
+    )
+    assert (strange.status, strange.vendor_err) == (e.IBV_WC_GENERAL_ERR, 0x81)
+
+
+ROCE_PORT = convert.Port(num=1, link_layer="Ethernet", lid=0, active_mtu=5, gid_index=3)
+IB_PORT = convert.Port(num=1, link_layer="InfiniBand", lid=0x1A, active_mtu=4, gid_index=0)
+
+
+def peer(**data) -> Endpoint:
+    return Endpoint(gid="::ffff:198.18.0.11", qpn=0x123, psn=0xABCDEF, device="mlx5_0", provider="verbs",
+                    provider_data={"lid": 0x2B, "mtu": 5, **data})  # fmt: skip
+
+
+def test_init_takes_port_pkey_and_access():
+    pv = pyverbs_or_skip()
+    attr = QPAttr(
+        qp_state=e.IBV_QPS_INIT, qp_access_flags=e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_LOCAL_WRITE
+    )
+    out, mask = convert.modify_args(pv, ROCE_PORT, attr, e.IBV_QPS_RESET, 1, 0)
+    E = pv.enums
+    assert mask == E.IBV_QP_STATE | E.IBV_QP_PKEY_INDEX | E.IBV_QP_PORT | E.IBV_QP_ACCESS_FLAGS
+    assert (out.qp_state, out.port_num, out.pkey_index) == (e.IBV_QPS_INIT, 1, 0)
+    assert out.qp_access_flags == e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_LOCAL_WRITE
+
+
+def test_rtr_on_roce_addresses_the_peer_by_gid_through_the_chosen_index():
+    pv = pyverbs_or_skip()
+    attr = QPAttr(qp_state=e.IBV_QPS_RTR, dest=peer(mtu=3), min_rnr_timer=12, max_dest_rd_atomic=16)
+    out, mask = convert.modify_args(pv, ROCE_PORT, attr, e.IBV_QPS_INIT, 1, 0)
+    E = pv.enums
+    assert mask & E.IBV_QP_AV and mask & E.IBV_QP_DEST_QPN and mask & E.IBV_QP_RQ_PSN
+    assert (out.dest_qp_num, out.rq_psn, out.path_mtu, out.min_rnr_timer) == (0x123, 0xABCDEF, 3, 12)
+    ah = out.ah_attr
+    assert (ah.is_global, ah.sgid_index, ah.port_num, ah.hop_limit) == (1, 3, 1, convert.HOP_LIMIT)
+    assert ah.dgid == "0000:0000:0000:0000:0000:ffff:c612:000b"
+
+
+def test_rtr_on_infiniband_addresses_the_peer_by_lid():
+    pv = pyverbs_or_skip()
+    out, _mask = convert.modify_args(
+        pv, IB_PORT, QPAttr(qp_state=e.IBV_QPS_RTR, dest=peer()), e.IBV_QPS_INIT, 1, 0
+    )
+    assert (out.ah_attr.is_global, out.ah_attr.dlid, out.path_mtu) == (0, 0x2B, 4)  # the smaller MTU
+
+
+def test_rts_sets_timers_and_send_psn():
+    pv = pyverbs_or_skip()
+    attr = QPAttr(qp_state=e.IBV_QPS_RTS, timeout=14, retry_cnt=3, rnr_retry=7, sq_psn=5)
+    out, mask = convert.modify_args(pv, ROCE_PORT, attr, e.IBV_QPS_RTR, 1, 99)
+    assert (out.timeout, out.retry_cnt, out.rnr_retry, out.sq_psn) == (14, 3, 7, 5)
+    assert mask & pv.enums.IBV_QP_SQ_PSN and mask & pv.enums.IBV_QP_TIMEOUT
+    default_psn, _ = convert.modify_args(pv, ROCE_PORT, QPAttr(qp_state=e.IBV_QPS_RTS), e.IBV_QPS_RTR, 1, 99)
+    assert default_psn.sq_psn == 99
+
+
+def test_rtr_needs_a_verbs_endpoint_and_fields_must_fit():
+    pv = pyverbs_or_skip()
+    tcp_peer = Endpoint(gid="::ffff:198.18.0.11", qpn=1, psn=0, device="mlx5_0", provider="tcp")
+    with pytest.raises(VerbsError, match="QP 4: to_rtr needs the peer's verbs Endpoint"):
+        convert.modify_args(
+            pv, ROCE_PORT, QPAttr(qp_state=e.IBV_QPS_RTR, dest=tcp_peer), e.IBV_QPS_INIT, 4, 0
+        )
+    with pytest.raises(VerbsRDMAError, match=r"retry_cnt=9 is outside 0\.\.7"):
+        convert.check_attr(QPAttr(retry_cnt=9))
