@@ -6,6 +6,7 @@ every check raises ConfigError with the dotted key path.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 import tomllib
@@ -42,6 +43,13 @@ class EtcdConfig:
     timeout_seconds: float = 2.0
     retry_initial_seconds: float = 0.2
     retry_max_seconds: float = 5.0
+    # TLS (https:// endpoints) and etcd auth; "" is unset. Paths are absolute.
+    ca_file: str = ""  # the CA that signed etcd's server certificates
+    cert_file: str = ""  # this host's client certificate (etcd --client-cert-auth) ...
+    key_file: str = ""  # ... and its key
+    server_name: str = ""  # the name in etcd's certificates (required with several https endpoints)
+    user: str = ""  # the etcd user ...
+    password_file: str = ""  # ... whose password is this file's first line (never in this file)
 
 
 @dataclass(frozen=True)
@@ -197,10 +205,9 @@ def _check_ranges(name: str, section: Any) -> None:
             raise ConfigError("etcd.lease_ttl_seconds: must be at least 2")
         if not section.prefix.startswith("/") or section.prefix.endswith("/"):
             raise ConfigError("etcd.prefix: must start with '/' and not end with '/'")
-        for endpoint in section.endpoints:
-            _endpoint(endpoint)
         if section.retry_max_seconds < section.retry_initial_seconds:
             raise ConfigError("etcd.retry_max_seconds: must not be below etcd.retry_initial_seconds")
+        _check_etcd_security(section)
     if name == "server":
         if not section.socket.startswith("/"):
             raise ConfigError("server.socket: must be an absolute path")
@@ -210,10 +217,91 @@ def _check_ranges(name: str, section: Any) -> None:
         parse_host_port("metrics.listen", section.listen)
 
 
+def _check_etcd_security(etcd: EtcdConfig) -> None:
+    """TLS follows the endpoints' scheme; each file named must be there and readable, now."""
+    schemes = {_scheme(e) for e in etcd.endpoints}
+    hosts = [_endpoint(endpoint)[0] for endpoint in etcd.endpoints]
+    if len(hosts) > 1:
+        _check_member_addresses(hosts)
+    if len(schemes) > 1:
+        raise ConfigError("etcd.endpoints: do not mix http:// and https:// endpoints")
+    if schemes == {"https"}:
+        if not etcd.ca_file:
+            raise ConfigError("etcd.ca_file: required with https:// endpoints")
+        if len(etcd.endpoints) > 1 and not etcd.server_name:
+            raise ConfigError(
+                "etcd.server_name: required with several https:// endpoints "
+                "(a name that every member's certificate holds)"
+            )
+    else:
+        for key in ("ca_file", "cert_file", "key_file", "server_name"):
+            if getattr(etcd, key):
+                raise ConfigError(f"etcd.{key}: TLS is set up but the endpoints are not https://")
+    for key, other in (("cert_file", "key_file"), ("key_file", "cert_file"), ("user", "password_file")):
+        if getattr(etcd, key) and not getattr(etcd, other):
+            raise ConfigError(f"etcd.{key}: set without etcd.{other}")
+    if etcd.password_file and not etcd.user:
+        raise ConfigError("etcd.password_file: set without etcd.user")
+    if etcd.user and not re.fullmatch(r"[^\s:]{1,128}", etcd.user):
+        raise ConfigError(f"etcd.user: {etcd.user!r} is not a valid etcd user name")
+    _check_file("etcd.ca_file", etcd.ca_file, "-----BEGIN CERTIFICATE-----")
+    _check_file("etcd.cert_file", etcd.cert_file, "-----BEGIN CERTIFICATE-----")
+    _check_file("etcd.key_file", etcd.key_file, "PRIVATE KEY-----", secret=True)
+    _check_file("etcd.password_file", etcd.password_file, "", secret=True)
+
+
+def _check_member_addresses(hosts: list[str]) -> None:
+    """Several members are dialled through one gRPC target that lists addresses and resolves no names."""
+    versions = set()
+    for host in hosts:
+        try:
+            versions.add(ipaddress.ip_address(host.strip("[]")).version)
+        except ValueError:
+            raise ConfigError(
+                f"etcd.endpoints: {host!r}: with several endpoints each must be an IP address "
+                "(or give one DNS name that resolves to every member)"
+            ) from None
+    if len(versions) > 1:
+        raise ConfigError("etcd.endpoints: do not mix IPv4 and IPv6 addresses")
+
+
+def _check_file(key: str, path: str, marker: str, secret: bool = False) -> None:
+    """One line for each way a credential file can be wrong; a secret must not be world-readable."""
+    if not path:
+        return
+    if not path.startswith("/"):
+        raise ConfigError(f"{key}: must be an absolute path, not {path!r}")
+    try:
+        mode = Path(path).stat().st_mode
+        text = read_secret(path) if secret and not marker else Path(path).read_text(errors="replace")
+    except FileNotFoundError:
+        raise ConfigError(f"{key}: {path}: no such file") from None
+    except PermissionError:
+        raise ConfigError(f"{key}: {path}: permission denied") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{key}: {path}: is a directory, not a file") from None
+    except OSError as exc:
+        raise ConfigError(f"{key}: {path}: {exc.strerror}") from None
+    if secret and mode & 0o004:
+        raise ConfigError(f"{key}: {path} is readable by every user (mode {mode & 0o777:04o}); chmod o-r it")
+    if not text:
+        raise ConfigError(f"{key}: {path} is empty")
+    if marker not in text:
+        raise ConfigError(f"{key}: {path} is not a PEM file ({marker.strip('-')} not found)")
+
+
+def read_secret(path: str) -> str:
+    """A password file's first line, without its line ending (the way `etcdctl` users write it)."""
+    with open(path) as file:
+        return file.readline().rstrip("\r\n")
+
+
+def _scheme(endpoint: str) -> str:
+    return "https" if endpoint.startswith("https://") else "http"
+
+
 def _endpoint(endpoint: str) -> tuple[str, int]:
-    text = endpoint.removeprefix("http://")
-    if text.startswith("https://"):
-        raise ConfigError(f"etcd.endpoints: {endpoint!r}: TLS endpoints are not supported yet")
+    text = endpoint.removeprefix("http://").removeprefix("https://")
     return parse_host_port("etcd.endpoints", text)
 
 

@@ -36,7 +36,7 @@ from shiftd.nic import FaultMode, NicState
 from shiftd.nics import NicRecord, NicTable
 from shiftd.peercred import PeerCred, PeerCredRelay, group_id
 from shiftd.ratelimit import RateLimiter
-from shiftd.registry import Registry
+from shiftd.registry import EtcdSecurity, Registry
 from shiftd.sdnotify import Notifier
 from shiftd.server import start_grpc
 
@@ -68,6 +68,7 @@ class Daemon:
             retry_initial=config.etcd.retry_initial_seconds,
             retry_max=config.etcd.retry_max_seconds,
             on_error=lambda kind: self.metrics.etcd_errors.labels(kind).inc(),
+            security=EtcdSecurity.from_config(config.etcd),
         )
         try:
             specs = list(inventory.scan(config).nics)

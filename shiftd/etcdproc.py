@@ -27,6 +27,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class EtcdTLS:
+    """TLS on a member's client port: what it serves, whom it admits, and what etcdctl presents."""
+
+    ca_file: Path  # trusted CA (--trusted-ca-file): signs the server's and the clients' certificates
+    cert_file: Path  # the server's certificate and key
+    key_file: Path
+    client_cert_file: Path | None = None  # etcdctl's own certificate, needed with client_cert_auth
+    client_key_file: Path | None = None
+    client_cert_auth: bool = True  # refuse clients without a certificate signed by ca_file
+
+    def server_flags(self) -> list[str]:
+        flags = ["--cert-file", str(self.cert_file), "--key-file", str(self.key_file)]
+        flags += ["--trusted-ca-file", str(self.ca_file)]
+        return flags + (["--client-cert-auth"] if self.client_cert_auth else [])
+
+    def etcdctl_flags(self) -> list[str]:
+        flags = ["--cacert", str(self.ca_file)]
+        if self.client_cert_file and self.client_key_file:
+            flags += ["--cert", str(self.client_cert_file), "--key", str(self.client_key_file)]
+        return flags
+
+
 @dataclass
 class EtcdProcess:
     """One etcd member. `client_host:client_port` is where clients reach it."""
@@ -40,6 +63,9 @@ class EtcdProcess:
     log_path: Path | None = None
     initial_cluster: str | None = None  # "name=http://host:port,..." for a multi-member cluster
     cluster_state: str = "new"
+    tls: EtcdTLS | None = None  # TLS on the client port (the peer port stays plain http)
+    auth_token_ttl: int | None = None  # seconds an unused simple token lives (etcd's default: 300)
+    root_password: str | None = None  # set by enable_auth(); etcdctl() then runs as root
     proc: subprocess.Popen | None = None
 
     @property
@@ -47,12 +73,16 @@ class EtcdProcess:
         return f"{self.client_host}:{self.client_port}"
 
     @property
+    def client_url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
+
+    @property
     def peer_url(self) -> str:
         return f"http://{self.client_host}:{self.peer_port}"
 
     def command(self) -> list[str]:
         etcd = shutil.which("etcd") or "/usr/bin/etcd"
-        client_url = f"http://{self.client_host}:{self.client_port}"
+        client_url = self.client_url
         cmd = [
             etcd,
             "--name", self.name,
@@ -66,6 +96,10 @@ class EtcdProcess:
             "--log-level", "warn",
             "--logger", "zap",
         ]  # fmt: skip
+        if self.tls:
+            cmd += self.tls.server_flags()
+        if self.auth_token_ttl is not None:
+            cmd += ["--auth-token-ttl", str(self.auth_token_ttl)]
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]
         return cmd
@@ -97,12 +131,21 @@ class EtcdProcess:
         raise EtcdError(f"etcd did not become ready at {self.endpoint} within {wait:.0f}s")
 
     def _healthy(self) -> bool:
-        cmd = ["etcdctl", "--endpoints", self.endpoint, "--dial-timeout", "1s", "endpoint", "health"]
+        result = self._etcdctl(["--dial-timeout", "1s", "endpoint", "health"], None)
+        return result.returncode == 0
+
+    def _etcdctl(self, args: list[str], user: str | None) -> subprocess.CompletedProcess[str]:
+        """Run etcdctl against this member, with its TLS files and as `user` ("name:password")."""
+        cmd = ["etcdctl", "--endpoints", self.client_url]
+        if self.tls:
+            cmd += self.tls.etcdctl_flags()
+        if user:
+            cmd += ["--user", user]
+        cmd += args
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]
         env = {**os.environ, "ETCDCTL_API": "3"}
-        result = subprocess.run(cmd, capture_output=True, env=env, check=False)
-        return result.returncode == 0
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
 
     @property
     def running(self) -> bool:
@@ -124,13 +167,24 @@ class EtcdProcess:
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
 
-    def etcdctl(self, *args: str) -> str:
-        """Run etcdctl against this member and return its output."""
-        cmd = ["etcdctl", "--endpoints", self.endpoint, *args]
-        if self.netns:
-            cmd = ["ip", "netns", "exec", self.netns, *cmd]
-        env = {**os.environ, "ETCDCTL_API": "3"}
-        result = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    def etcdctl(self, *args: str, user: str | None = None) -> str:
+        """Run etcdctl against this member and return its output; as root once auth is enabled."""
+        if user is None and self.root_password is not None:
+            user = f"root:{self.root_password}"
+        result = self._etcdctl(list(args), user)
         if result.returncode != 0:
             raise EtcdError(f"etcdctl {' '.join(args)}: {result.stderr.strip()}")
         return result.stdout
+
+    def enable_auth(self, root_password: str) -> None:
+        """Create the root user and turn etcd's auth on: from now on every client needs a user."""
+        self.etcdctl("user", "add", f"root:{root_password}")
+        self.etcdctl("auth", "enable")
+        self.root_password = root_password
+
+    def add_prefix_user(self, user: str, password: str, role: str, prefix: str) -> None:
+        """A user whose one role may read and write the keys under `prefix`, and nothing else."""
+        self.etcdctl("role", "add", role)
+        self.etcdctl("role", "grant-permission", role, "--prefix=true", "readwrite", prefix)
+        self.etcdctl("user", "add", f"{user}:{password}")
+        self.etcdctl("user", "grant-role", user, role)

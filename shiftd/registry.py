@@ -16,10 +16,11 @@ from collections.abc import AsyncIterator, Callable
 import aetcd
 from aetcd.utils import prefix_range_end
 
+from shiftd.registry_auth import EtcdSecurity
 from shiftd.registry_conn import Endpoint, EtcdLink, RegistryUnavailable, one_line, wait_event
 from shiftd.registry_watch import PUT, WatchEvent, watch_range
 
-__all__ = ["Registry", "RegistryUnavailable", "WatchEvent"]
+__all__ = ["EtcdSecurity", "Registry", "RegistryUnavailable", "WatchEvent"]
 
 log = logging.getLogger("shiftd.registry")
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
@@ -39,11 +40,12 @@ class Registry:
         retry_initial: float = 0.2,
         retry_max: float = 5.0,
         on_error: Callable[[str], None] | None = None,
+        security: EtcdSecurity | None = None,
     ) -> None:
         self.host = host
         self.prefix = prefix.rstrip("/") + "/"
         self.lease_ttl = lease_ttl
-        self._link = EtcdLink(endpoints, timeout, retry_initial, retry_max, on_error)
+        self._link = EtcdLink(endpoints, timeout, retry_initial, retry_max, on_error, security)
         self._desired: dict[str, str] = {}  # full key -> value this daemon wants in etcd
         self._written: dict[str, str] = {}  # full key -> value in etcd under our lease
         self._in_doubt: set[str] = set()  # keys of a transaction that failed: applied or not?

@@ -1,5 +1,7 @@
 """The registry's link to etcd: one aetcd client over every member, error accounting, backoff.
 
+The client speaks TLS and etcd auth when configured (`registry_auth.py`).
+
 Everything that talks to etcd (the reconciler, lookups, watches) goes through one `EtcdLink` so
 that errors are counted once, `connected` means the same thing everywhere, and `stop()` has one
 switch (`closed`) that ends every loop.
@@ -20,9 +22,19 @@ import aetcd
 import grpc
 from aetcd import rpc
 
+from shiftd.registry_auth import (
+    INVALID_TOKEN,
+    USER_EMPTY,
+    EtcdAuthError,
+    EtcdSecurity,
+    SecureClient,
+    TokenAuth,
+)
+
 log = logging.getLogger("shiftd.registry")
 T = TypeVar("T")
 Endpoint = tuple[str, int]
+MAX_WARNED = 16  # distinct failure reasons remembered per outage (gRPC's texts name addresses)
 
 
 class RegistryUnavailable(RuntimeError):
@@ -59,8 +71,24 @@ def grpc_target(endpoints: list[Endpoint]) -> tuple[str, int]:
     return host, int(port)
 
 
+def tls_server_name(endpoints: list[Endpoint], security: EtcdSecurity) -> str:
+    """The name etcd's certificates are checked against, when gRPC's own choice would be wrong.
+
+    One endpoint: its host, gRPC's default. Several: gRPC would check the whole list target
+    ("a:p,b:p"), which no certificate holds, so every member's certificate must hold one name,
+    `server_name`.
+    """
+    if not security.tls or security.server_name:
+        return security.server_name
+    if len(endpoints) > 1:
+        raise ValueError("etcd.server_name: required with several https:// endpoints")
+    return ""
+
+
 def error_kind(exc: BaseException) -> str:
     """A short, bounded label for an etcd failure (the `kind` of shift_etcd_errors_total)."""
+    if isinstance(exc, EtcdAuthError | aetcd.exceptions.UnauthenticatedError) or _refused(str(exc)):
+        return "auth"
     if isinstance(exc, aetcd.ConnectionFailedError):
         return "unavailable"
     if isinstance(exc, aetcd.ConnectionTimeoutError | TimeoutError):
@@ -68,12 +96,19 @@ def error_kind(exc: BaseException) -> str:
     if "lease not found" in str(exc):
         return "lease_lost"
     if isinstance(exc, grpc.aio.AioRpcError):
+        if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            return "auth"
         return {grpc.StatusCode.UNAVAILABLE: "unavailable", grpc.StatusCode.DEADLINE_EXCEEDED: "timeout"}.get(
             exc.code(), "rpc"
         )
     if isinstance(exc, aetcd.ClientError):
         return "rpc"
     return "internal"
+
+
+def _refused(text: str) -> bool:
+    """etcd's words for "who are you?" and "not this key" (also in a cancelled watch's reason)."""
+    return any(words in text for words in (INVALID_TOKEN, "permission denied", USER_EMPTY))
 
 
 class Backoff:
@@ -103,27 +138,31 @@ class EtcdLink:
         retry_initial: float,
         retry_max: float,
         on_error: Callable[[str], None] | None,
+        security: EtcdSecurity | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.timeout = timeout
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self._target = grpc_target(endpoints)
+        self._security = security or EtcdSecurity()
+        self._server_name = tls_server_name(endpoints, self._security)
         self._on_error = on_error
-        self._client: aetcd.Client | None = None
+        self._client: SecureClient | None = None
         self.errors: Counter[str] = Counter()
         self.connected = False
+        self._warned: set[str] = set()  # failures logged as warnings since etcd last answered
         self.closed = asyncio.Event()
 
     @property
-    def client(self) -> aetcd.Client:
+    def client(self) -> SecureClient:
         if self._client is None:
             raise RuntimeError("registry is not started")
         return self._client
 
     def open(self) -> None:
         """Create the client; gRPC connects lazily, so this never waits for etcd."""
-        options = {
+        options: dict[str, str | int] = {
             # gRPC's own reconnect backoff grows to 120 s by default: cap it at ours so that a
             # restarted etcd is found within retry_max.
             "grpc.initial_reconnect_backoff_ms": _ms(self.retry_initial),
@@ -139,8 +178,12 @@ class EtcdLink:
             "grpc.keepalive_timeout_ms": _ms(self.timeout),
             "grpc.http2.ping_timeout_ms": _ms(self.timeout),
         }
+        if self._server_name:
+            options["grpc.ssl_target_name_override"] = self._server_name
+        security = self._security
+        auth = TokenAuth(security.user, security.password_file, self.timeout) if security.user else None
         host, port = self._target
-        self._client = aetcd.Client(host, port, timeout=self.timeout, options=options)
+        self._client = SecureClient(host, port, security, self.timeout, options, auth)
         self.closed.clear()
 
     async def close(self) -> None:
@@ -158,22 +201,31 @@ class EtcdLink:
         if not self.connected:
             log.info("etcd: reachable at %s", self.describe())
         self.connected = True
+        self._warned.clear()
 
     def failed(self, exc: BaseException) -> str:
         """Count and report one failed etcd call; returns its kind."""
         kind = error_kind(exc)
         if kind == "internal":
             log.error("etcd: unexpected error", exc_info=exc)
+        if kind == "auth" and self._client is not None and self._client.auth is not None:
+            # etcd cancels a watch created with an expired token ("invalid auth token"; unary
+            # calls renew it themselves): the next call must authenticate again.
+            self._client.auth.invalidate()
         self.report(kind, one_line(exc))
         return kind
 
     def report(self, kind: str, detail: str) -> None:
         """Count one etcd error, tell `on_error`, and log it once per outage, not once per retry."""
         self.errors[kind] += 1
-        if self.connected:
-            log.warning("etcd: %s at %s: %s", kind, self.describe(), detail)
-        else:
+        # Each distinct reason is a warning once until etcd answers again, also before it ever
+        # answered (a wrong password or CA at start must be seen); its retries are debug lines.
+        reason = f"{kind}: {detail}"
+        if reason in self._warned or len(self._warned) >= MAX_WARNED:
             log.debug("etcd: %s: %s", kind, detail)
+        else:
+            self._warned.add(reason)
+            log.warning("etcd: %s at %s: %s", kind, self.describe(), detail)
         if kind != "lease_lost":  # etcd answered: the link itself is fine
             self.connected = False
         if self._on_error is not None:
@@ -208,6 +260,8 @@ class EtcdLink:
                 kind = self.failed(exc)
                 if kind == "internal":
                     raise
+                if kind == "auth":  # etcd answered, and will answer the same again
+                    raise RegistryUnavailable(f"etcd at {self.describe()}: {one_line(exc)}") from exc
                 delay = backoff.next()
                 if loop.time() + delay >= deadline:
                     why = f"{kind}: {one_line(exc)}"

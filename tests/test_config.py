@@ -56,6 +56,11 @@ mlx5_1 = "ens2f0np0"
         ("[etcd]\nlease_ttl_seconds = 1", "etcd.lease_ttl_seconds: must be at least 2"),
         ("[etcd]\nendpoints = []", "etcd.endpoints: must be a non-empty list"),
         ("[etcd]\nendpoints = ['nohost']", "etcd.endpoints: 'nohost' is not HOST:PORT"),
+        (
+            "[etcd]\nendpoints = ['etcd-0:2379', 'etcd-1:2379']",
+            "etcd.endpoints: 'etcd-0': with several endpoints each must be an IP address",
+        ),
+        ("[etcd]\nendpoints = ['10.0.0.1:2379', '[fd00::1]:2379']", "do not mix IPv4 and IPv6"),
         ("[etcd]\nprefix = 'shift'", "etcd.prefix: must start with '/'"),
         ("[server]\nsocket_mode = 660", "server.socket_mode: must be an octal string"),
         ("[server]\nsocket = 'relative.sock'", "server.socket: must be an absolute path"),
@@ -124,3 +129,110 @@ def test_shipped_example_config_is_valid_and_equals_defaults():
     assert shipped.health == defaults.health
     assert shipped.monitors == defaults.monitors
     assert shipped.faults == defaults.faults
+
+
+CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+KEY = "-----BEGIN PRIVATE KEY-----\nMIGH\n-----END PRIVATE KEY-----\n"
+
+
+@pytest.fixture
+def etcd_files(tmp_path):
+    """Credential files as an operator would lay them out (contents are not checked beyond PEM)."""
+    files = {"ca.pem": (CERT, 0o644), "node.pem": (CERT, 0o644), "node-key.pem": (KEY, 0o600)}
+    files |= {"password": ("s3cret\n", 0o600), "open-password": ("s3cret\n", 0o644)}
+    files |= {"open-key.pem": (KEY, 0o644), "empty": ("", 0o600), "not-pem": ("hello\n", 0o644)}
+    for name, (text, mode) in files.items():
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(mode)
+    return tmp_path
+
+
+TLS_AUTH = """
+[etcd]
+endpoints = ["https://198.19.0.1:2379"]
+ca_file = "{d}/ca.pem"
+cert_file = "{d}/node.pem"
+key_file = "{d}/node-key.pem"
+user = "shiftd"
+password_file = "{d}/password"
+"""
+
+
+def test_tls_and_auth_settings(etcd_files):
+    from shiftd.registry_auth import EtcdSecurity
+
+    path = etcd_files / "shiftd.toml"
+    path.write_text(TLS_AUTH.format(d=etcd_files))
+    cfg = config.load(path)
+    assert config.etcd_endpoints(cfg.etcd) == [("198.19.0.1", 2379)]
+    security = EtcdSecurity.from_config(cfg.etcd)
+    assert security.tls
+    assert (security.user, security.password_file) == ("shiftd", f"{etcd_files}/password")
+    assert config.read_secret(security.password_file) == "s3cret"
+
+
+@pytest.mark.parametrize(
+    ("etcd", "message"),
+    [
+        ('endpoints = ["https://a:1"]', "etcd.ca_file: required with https:// endpoints"),
+        ('endpoints = ["https://10.0.0.1:1", "http://10.0.0.2:1"]', "etcd.endpoints: do not mix http://"),
+        (
+            'endpoints = ["https://10.0.0.1:1", "https://10.0.0.2:1"]\nca_file = "{d}/ca.pem"',
+            "etcd.server_name: required with several https:// endpoints",
+        ),
+        ('ca_file = "{d}/ca.pem"', "etcd.ca_file: TLS is set up but the endpoints are not https://"),
+        ('endpoints = ["https://a:1"]\nca_file = "ca.pem"', "etcd.ca_file: must be an absolute path"),
+        (
+            'endpoints = ["https://a:1"]\nca_file = "{d}/absent.pem"',
+            "etcd.ca_file: {d}/absent.pem: no such file",
+        ),
+        ('endpoints = ["https://a:1"]\nca_file = "{d}"', "etcd.ca_file: {d}: is a directory"),
+        (
+            'endpoints = ["https://a:1"]\nca_file = "{d}/not-pem"',
+            "etcd.ca_file: {d}/not-pem is not a PEM file",
+        ),
+        (
+            'endpoints = ["https://a:1"]\nca_file = "{d}/ca.pem"\ncert_file = "{d}/node.pem"',
+            "etcd.cert_file: set without etcd.key_file",
+        ),
+        (
+            'endpoints = ["https://a:1"]\nca_file = "{d}/ca.pem"\nkey_file = "{d}/node-key.pem"',
+            "etcd.key_file: set without etcd.cert_file",
+        ),
+        (
+            'endpoints = ["https://a:1"]\nca_file = "{d}/ca.pem"\ncert_file = "{d}/node.pem"\n'
+            'key_file = "{d}/open-key.pem"',
+            "etcd.key_file: {d}/open-key.pem is readable by every user (mode 0644)",
+        ),
+        ('user = "shiftd"', "etcd.user: set without etcd.password_file"),
+        ('password_file = "{d}/password"', "etcd.password_file: set without etcd.user"),
+        ('user = "a:b"\npassword_file = "{d}/password"', "etcd.user: 'a:b' is not a valid etcd user name"),
+        (
+            'user = "shiftd"\npassword_file = "{d}/open-password"',
+            "etcd.password_file: {d}/open-password is readable by every user (mode 0644)",
+        ),
+        ('user = "shiftd"\npassword_file = "{d}/empty"', "etcd.password_file: {d}/empty is empty"),
+    ],
+)
+def test_bad_tls_or_auth_setting_is_one_line(etcd_files, etcd, message):
+    path = etcd_files / "shiftd.toml"
+    path.write_text("[etcd]\n" + etcd.format(d=etcd_files) + "\n")
+    with pytest.raises(config.ConfigError) as info:
+        config.load(path)
+    assert message.format(d=etcd_files) in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_daemon_refuses_https_without_ca_with_one_line(tmp_path):
+    path = tmp_path / "shiftd.toml"
+    path.write_text('[etcd]\nendpoints = ["https://127.0.0.1:2379"]\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "shiftd.daemon", "--config", str(path), "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"shiftd: {path}: etcd.ca_file: required with https:// endpoints"
+    ]

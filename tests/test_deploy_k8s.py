@@ -73,5 +73,6 @@ def test_daemonset_mounts_socket_dir_sys_read_only_and_the_config():
 def test_configmap_config_passes_shiftds_validator():
     text = documents()["ConfigMap"]["data"]["shiftd.toml"]
     parsed = config.parse(tomllib.loads(text))
-    assert len(parsed.etcd.endpoints) == 3  # the three-member cluster of README.md
+    # the three-member cluster of README.md, through its headless Service (one name, every member)
+    assert parsed.etcd.endpoints == ("etcd.shift-system.svc.cluster.local:2379",)
     assert parsed.metrics.listen.startswith("0.0.0.0:")  # reachable from Prometheus in the cluster

@@ -179,7 +179,7 @@ def test_etcd_down_at_start_then_up(etcd_member: EtcdProcess) -> None:
         assert kinds and set(kinds) <= {"unavailable", "timeout"}
         assert reg.errors["unavailable"] + reg.errors.get("timeout", 0) == len(kinds)
         with pytest.raises(RegistryUnavailable, match=r"did not answer within 1s"):
-            await reg.get("hosts/h0")
+            await reg.get("hosts/h1")  # another host's key (our own pending one we know: test_publish_...)
 
         await asyncio.to_thread(etcd_member.start)
         assert await reg.wait_synced(10), "pending writes did not drain after etcd came up"
