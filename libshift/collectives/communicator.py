@@ -1,0 +1,200 @@
+"""The Communicator: collectives over the ring, on numpy arrays (or tensors viewed as numpy arrays).
+
+A call lays its arrays out in registered memory (a large array of all_reduce or broadcast is registered in
+place; anything else is copied into the ring's work buffer), runs the plan of the collective through the
+ring, and copies results back out where it copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+
+import numpy as np
+
+from libshift.collectives import ops, plan
+from libshift.collectives.ops import ReduceOp
+from libshift.collectives.ring import CHUNK, CollectiveError, Ring, default_device
+from libshift.collectives.store import Store
+
+
+class Communicator:
+    """`Communicator(store, rank, world_size)`: every rank makes one, then all call the same collectives in
+    the same order. `device` is the NIC (default: SHIFT_DEVICE, else the first device); store keys live
+    under `prefix`; `timeout` bounds the wait for the ring to make any progress."""
+
+    def __init__(
+        self,
+        store: Store,
+        rank: int,
+        world_size: int,
+        device: str | None = None,
+        *,
+        prefix: str = "shift",
+        timeout: float = 300.0,
+    ) -> None:
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
+        self.rank, self.world_size = rank, world_size
+        self._ring: Ring | None = None
+        self._closed = False
+        self._failed: str | None = None  # why an earlier collective failed: the ring's state is unknown
+        if world_size > 1:
+            self._ring = Ring(store, rank, world_size, device or default_device(), prefix, timeout)
+
+    @property
+    def resilient(self) -> bool:
+        """Whether the ring's QPs have backups on another NIC (a lone rank has no QPs to back up)."""
+        return self._ring is not None and self._ring.resilient
+
+    # -- the collectives -------------------------------------------------------------------------------
+
+    def all_reduce(self, array: object, op: ReduceOp = ReduceOp.SUM) -> None:
+        """array <- op over the ranks' arrays, in place and bit-identical on every rank."""
+        a = ops.as_array(array, "array", writable=True)
+        op = ops.check_op(op, a.dtype)
+        ring = self._live()
+        if ring is None or a.size == 0:
+            return
+        item = a.itemsize
+        segments = [(lo * item, (hi - lo) * item) for lo, hi in ops.segment_bounds(a.size, self.world_size)]
+        steps = plan.all_reduce(segments, self.rank)
+        self._run(ring, steps, segments[-1][1], [a], [a], a.dtype, op)
+
+    def broadcast(self, array: object, root: int) -> None:
+        """array <- the root's array, in place."""
+        self._check_rank(root, "root")
+        a = ops.as_array(array, "array", writable=self.rank != root)
+        ring = self._live()
+        if ring is None or a.size == 0:
+            return
+        steps = plan.broadcast((0, a.nbytes), self.rank, root, self.world_size)
+        self._run(ring, steps, a.nbytes, [a], [] if self.rank == root else [a], a.dtype, ReduceOp.SUM)
+
+    def all_gather(self, outputs: Sequence[object], array: object) -> None:
+        """outputs[r] <- rank r's array."""
+        a = ops.as_array(array, "array", writable=False)
+        outs = self._arrays_like(outputs, a, "outputs", writable=True)
+        ring = self._live()
+        if ring is None:
+            np.copyto(outs[0], a)
+            return
+        segments = [(q * a.nbytes, a.nbytes) for q in range(self.world_size)]
+        ins = [None] * self.world_size
+        ins[self.rank] = a
+        steps = plan.all_gather(segments, self.rank)
+        self._run(ring, steps, a.nbytes, ins, outs, a.dtype, ReduceOp.SUM)
+
+    def reduce_scatter(self, output: object, inputs: Sequence[object], op: ReduceOp = ReduceOp.SUM) -> None:
+        """output <- op over the ranks of their inputs[rank]."""
+        out = ops.as_array(output, "output", writable=True)
+        ins = self._arrays_like(inputs, out, "inputs", writable=False)
+        op = ops.check_op(op, out.dtype)
+        ring = self._live()
+        if ring is None:
+            np.copyto(out, ins[0])
+            ops.finish(op, out, 1)
+            return
+        segments = [(q * out.nbytes, out.nbytes) for q in range(self.world_size)]
+        outs: list[np.ndarray | None] = [None] * self.world_size
+        outs[self.rank] = out
+        steps = plan.reduce_scatter(segments, self.rank)
+        self._run(ring, steps, out.nbytes, ins, outs, out.dtype, op)
+
+    def barrier(self) -> None:
+        """Return once every rank has entered the barrier: one byte from each rank goes round the ring."""
+        ring = self._live()
+        if ring is not None:
+            segments = [(q, 1) for q in range(self.world_size)]
+            steps = plan.all_gather(segments, self.rank)
+            self._run(ring, steps, 1, [], [], np.dtype(np.uint8), ReduceOp.SUM, nbytes=self.world_size)
+
+    # -- the mechanics -----------------------------------------------------------------------------------
+
+    def _run(
+        self,
+        ring: Ring,
+        steps: list[plan.Step],
+        segment: int,
+        inputs: Sequence[np.ndarray | None],
+        outputs: Sequence[np.ndarray | None],
+        dtype: np.dtype,
+        op: ReduceOp,
+        nbytes: int | None = None,
+    ) -> None:
+        """Run `steps` (segments of about `segment` bytes) on one array in place, or on the inputs laid end
+        to end in the work buffer, the outputs copied back out of it."""
+        chunks = plan.build(steps, plan.chunk_size(segment, CHUNK))
+        try:
+            self._lay_out_and_run(ring, chunks, inputs, outputs, dtype, op, nbytes)
+        except CollectiveError as exc:
+            self._failed = str(exc)
+            raise
+
+    def _lay_out_and_run(
+        self,
+        ring: Ring,
+        chunks: plan.Plan,
+        inputs: Sequence[np.ndarray | None],
+        outputs: Sequence[np.ndarray | None],
+        dtype: np.dtype,
+        op: ReduceOp,
+        nbytes: int | None,
+    ) -> None:
+        if len(inputs) == 1 and inputs[0] is not None and all(o is inputs[0] for o in outputs):
+            region = ring.buffers.in_place(inputs[0])
+            if region is not None:
+                ring.run(chunks, region, dtype, op)
+                return
+        size = max((a.nbytes for a in (*inputs, *outputs) if a is not None), default=0)
+        region = ring.buffers.work(nbytes if nbytes is not None else size * max(len(inputs), len(outputs)))
+        for q, a in enumerate(inputs):
+            if a is not None:
+                np.copyto(region.data[q * size : (q + 1) * size], a.reshape(-1).view(np.uint8))
+        ring.run(chunks, region, dtype, op)
+        for q, a in enumerate(outputs):
+            if a is not None:
+                np.copyto(a.reshape(-1).view(np.uint8), region.data[q * size : (q + 1) * size])
+
+    def _arrays_like(
+        self, arrays: Sequence[object], like: np.ndarray, what: str, writable: bool
+    ) -> list[np.ndarray]:
+        """One array per rank, each of `like`'s shape and dtype."""
+        if isinstance(arrays, (str, bytes)) or not isinstance(arrays, Sequence):
+            raise TypeError(f"{what}: expected a list of {self.world_size} arrays")
+        if len(arrays) != self.world_size:
+            raise ValueError(f"{what}: expected {self.world_size} arrays (one per rank), got {len(arrays)}")
+        found = [ops.as_array(a, f"{what}[{q}]", writable) for q, a in enumerate(arrays)]
+        for q, a in enumerate(found):
+            if a.dtype != like.dtype:
+                raise TypeError(f"{what}[{q}]: dtype {a.dtype} does not match {like.dtype}")
+            if a.shape != like.shape:
+                raise ValueError(f"{what}[{q}]: shape {a.shape} does not match {like.shape}")
+        return found
+
+    def _check_rank(self, value: object, what: str) -> None:
+        if not isinstance(value, int) or not 0 <= value < self.world_size:
+            raise ValueError(f"{what} must be a rank in [0, {self.world_size}), got {value!r}")
+
+    def _live(self) -> Ring | None:
+        if self._closed:
+            raise ValueError("the communicator is closed")
+        if self._failed is not None:
+            raise CollectiveError(f"an earlier collective failed ({self._failed}); close this communicator")
+        return self._ring
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._ring is not None:
+                self._ring.close(farewell=self._failed is None)
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

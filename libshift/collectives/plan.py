@@ -1,0 +1,118 @@
+"""What one rank sends and receives in a collective: ring schedules cut into pipelined chunks.
+
+A schedule is a list of ring steps; in each step a rank sends one byte range of its work buffer to its right
+neighbour and receives one from its left neighbour. `build` cuts every range into chunks of at most the
+staging slot size and lists the chunks in order, once for sending and once for receiving: both neighbours
+compute the same lists, so the sender's n-th chunk is the receiver's n-th chunk. A chunk to send that was
+received in an earlier step waits for exactly that chunk to be applied, so a segment flows on through the
+ring chunk by chunk instead of step by step.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+Range = tuple[int, int]  # (offset, bytes) in the work buffer
+PIECES = 4  # a segment is cut into about this many chunks, so that it flows on before it is whole
+MIN_CHUNK = 64 << 10
+ALIGN = 4096  # chunk sizes are multiples of this, hence of every element size
+
+
+class Apply(enum.Enum):
+    """What a received chunk does to the work buffer."""
+
+    COPY = "copy"
+    COMBINE = "combine"  # work <- op(received, work)
+    FINAL = "final"  # COMBINE, and it was the last value of the segment: finish it (AVG divides)
+
+
+@dataclass(frozen=True)
+class Recv:
+    offset: int
+    nbytes: int
+    apply: Apply
+
+
+@dataclass(frozen=True)
+class Send:
+    offset: int
+    nbytes: int
+    after: int  # the index of the received chunk that must be applied before this one is sent; -1: none
+
+
+@dataclass(frozen=True)
+class Step:
+    send: Range | None
+    recv: Range | None
+    apply: Apply = Apply.COPY
+
+
+@dataclass(frozen=True)
+class Plan:
+    sends: list[Send]
+    recvs: list[Recv]
+
+
+def chunk_size(segment: int, limit: int) -> int:
+    """The chunk size for segments of `segment` bytes: about PIECES chunks a segment, at least MIN_CHUNK,
+    at most `limit` (a staging slot); a function of sizes every rank knows, so all ranks agree."""
+    wanted = -(-segment // PIECES // ALIGN) * ALIGN
+    return max(MIN_CHUNK, min(limit, wanted))
+
+
+def chunks(span: Range, chunk: int) -> list[Range]:
+    offset, nbytes = span
+    return [(offset + at, min(chunk, nbytes - at)) for at in range(0, nbytes, chunk)]
+
+
+def build(steps: list[Step], chunk: int) -> Plan:
+    """The chunk lists of a schedule; `chunk` (bytes) must be a multiple of the element size."""
+    sends: list[Send] = []
+    recvs: list[Recv] = []
+    latest: dict[Range, int] = {}  # chunk -> the index of its latest receive in an earlier step
+    for step in steps:
+        received: dict[Range, int] = {}
+        if step.send is not None:
+            sends += [Send(*piece, latest.get(piece, -1)) for piece in chunks(step.send, chunk)]
+        if step.recv is not None:
+            for piece in chunks(step.recv, chunk):
+                received[piece] = len(recvs)
+                recvs.append(Recv(*piece, step.apply))
+        latest.update(received)
+    return Plan(sends, recvs)
+
+
+def reduce_scatter(segments: list[Range], rank: int) -> list[Step]:
+    """Segment j ends complete on rank j; it starts on rank j+1 and gathers every rank in ring order."""
+    n = len(segments)
+    return [
+        Step(
+            segments[(rank - s - 1) % n],
+            segments[(rank - s - 2) % n],
+            Apply.FINAL if s == n - 2 else Apply.COMBINE,
+        )
+        for s in range(n - 1)
+    ]
+
+
+def all_gather(segments: list[Range], rank: int) -> list[Step]:
+    """Segment j starts on rank j and is copied around the ring to every other rank."""
+    n = len(segments)
+    return [Step(segments[(rank - s) % n], segments[(rank - s - 1) % n]) for s in range(n - 1)]
+
+
+def all_reduce(segments: list[Range], rank: int) -> list[Step]:
+    """Reduce-scatter, then all-gather of the reduced segments: 2(n-1)/n of the bytes on every link."""
+    return reduce_scatter(segments, rank) + all_gather(segments, rank)
+
+
+def broadcast(span: Range, rank: int, root: int, world_size: int) -> list[Step]:
+    """A chain from the root along the ring; each rank forwards a chunk as soon as it has it."""
+    position = (rank - root) % world_size
+    steps = []
+    if position > 0:
+        steps.append(Step(None, span))
+    if position < world_size - 1:
+        steps.append(Step(span, None))
+    return steps

@@ -1,0 +1,91 @@
+"""The group's collectives run one at a time on a thread of their own, each a torch `Work` with a future.
+
+The caller gets its Work back at once, as with NCCL, so DDP's reducer goes on with the backward pass while a
+bucket travels the ring; the single thread keeps the calls in the order they were made, which is what makes
+every rank run the same sequence. A failure in the ring leaves it in an unknown state, so it breaks the
+group: every later call fails at once, naming the call that broke it. A ValueError or TypeError is a
+mistake in the call itself (caught before anything is sent) and fails only that call.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+USER_ERRORS = (ValueError, TypeError)
+
+
+class ShiftWork(dist.Work):
+    """One collective: `wait()` returns when it has run (re-raising its error), `get_future()` for hooks."""
+
+    def __init__(self, call: str, result: object) -> None:
+        super().__init__()
+        self.call = call
+        self._result = result  # what the future gives: the tensors written, as torch's backends do
+        self._future: torch.futures.Future = torch.futures.Future()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def finish(self, error: BaseException | None) -> None:
+        self._error = error
+        self._done.set()
+        if error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(error)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Block until the collective has run; no timeout (None or 0, torch's default) waits for good."""
+        seconds = timeout.total_seconds() if timeout else 0.0
+        if not self._done.wait(seconds or None):
+            raise RuntimeError(f"shift backend: {self.call} did not complete within {seconds:g} s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+
+class SerialRunner:
+    """A thread that runs submitted collectives in order, until `close()`."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[ShiftWork, Callable[[], None]] | None] = queue.SimpleQueue()
+        self._broken: str | None = None  # why the group can no longer run collectives
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, call: str, result: object, run: Callable[[], None]) -> ShiftWork:
+        work = ShiftWork(call, result)
+        self._queue.put((work, run))
+        return work
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            work, run = item
+            if self._broken is not None:
+                work.finish(RuntimeError(f"shift backend: {work.call}: {self._broken}"))
+                continue
+            try:
+                run()
+            except USER_ERRORS as exc:
+                work.finish(type(exc)(f"{work.call}: {exc}"))
+            except Exception as exc:
+                self._broken = f"the group is broken since {work.call} failed ({exc})"
+                work.finish(exc)
+            else:
+                work.finish(None)
+
+    def close(self) -> None:
+        """Run what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join()
