@@ -25,7 +25,8 @@ from shiftd import netns
 
 BRIDGE = "br0"
 MGMT_NETDEV = "mgmt0"
-MGMT_GATEWAY = "198.19.0.1"  # the management bridge; etcd listens here
+MGMT_GATEWAY = "198.19.0.1"  # the management bridge; etcd (its first member) listens here
+ETCD_MEMBER_COUNTS = (1, 3, 5)  # an etcd cluster has an odd number of members
 PREFIXLEN = 24
 MGMT_RAIL_ID = 0xFF  # stands for the management network in MAC addresses
 MAX_HOSTS = 64
@@ -47,6 +48,7 @@ class Shape:
     name: str = "shift"
     hosts: int = 2
     nics: int = 2
+    etcd_members: int = 1
 
     def __post_init__(self) -> None:
         if not NAME_RE.fullmatch(self.name):
@@ -58,6 +60,9 @@ class Shape:
             raise FabricError(f"--hosts must be between 1 and {MAX_HOSTS}, not {self.hosts}")
         if not 1 <= self.nics <= MAX_NICS:
             raise FabricError(f"--nics must be between 1 and {MAX_NICS}, not {self.nics}")
+        if self.etcd_members not in ETCD_MEMBER_COUNTS:
+            counts = ", ".join(map(str, ETCD_MEMBER_COUNTS))
+            raise FabricError(f"--etcd-members must be one of {counts}, not {self.etcd_members}")
 
     @property
     def host_names(self) -> list[str]:
@@ -94,6 +99,11 @@ class Shape:
     @staticmethod
     def mgmt_address(i: int) -> str:
         return f"198.19.0.{10 + i}"
+
+    @staticmethod
+    def etcd_address(m: int) -> str:
+        """Member m of the etcd cluster: an address of its own on the management bridge, below the hosts'."""
+        return f"198.19.0.{1 + m}"
 
     def devices(self) -> dict[str, str]:
         """RDMA device name -> netdev, the same on every host."""
@@ -153,7 +163,8 @@ def _build(shape: Shape) -> None:
         for ns in switches:
             _ensure_bridge(ipr[ns])
         mgmt = ipr[shape.mgmt_ns]
-        _ensure_address(mgmt, mgmt.link_lookup(ifname=BRIDGE)[0], MGMT_GATEWAY)
+        for m in range(shape.etcd_members):
+            _ensure_address(mgmt, mgmt.link_lookup(ifname=BRIDGE)[0], shape.etcd_address(m))
         for i in range(shape.hosts):
             netns.run(shape.host_ns(i), _write_sysctls, HOST_SYSCTLS)
             host = ipr[shape.host_ns(i)]

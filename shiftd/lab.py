@@ -1,10 +1,12 @@
-"""`shift-lab`: a lab of hosts as network namespaces, with one etcd and one shiftd per host.
+"""`shift-lab`: a lab of hosts as network namespaces, with etcd and one supervised shiftd per host.
 
-`up` builds the fabric (shiftd.fabric), writes each host's shiftd config, starts etcd in the
-management namespace and a shiftd in every host namespace, detached, and records them in
-/run/shift-lab/NAME/state.json. That record is what lets `status`, `exec` and `down`, run later
-from any shell, act on exactly the processes `up` started: by PID checked against the kernel's
-start time, so a recycled PID is never signalled. The CLI and the tests share the `Lab` class.
+`up` builds the fabric (shiftd.fabric), writes each host's shiftd config, starts etcd (one member,
+or a cluster of 3 or 5 on addresses of their own) in the management namespace and a shiftd in
+every host namespace, detached, each under a supervisor (shiftd.supervise) that restarts it after a
+crash as systemd would on a real host, and records them in /run/shift-lab/NAME/state.json. That
+record is what lets `status`, `exec` and `down`, run later from any shell, act on exactly the
+processes `up` started: by PID checked against the kernel's start time, so a recycled PID is never
+signalled. The CLI and the tests share the `Lab` class.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from shiftd import fabric, netns
 from shiftd.etcdproc import EtcdError, EtcdProcess
 from shiftd.fabric import FabricError, Shape
+from shiftd.supervise import proc_stat
 
 RUN_ROOT = Path("/run/shift-lab")
 DEFAULT_NAME = "shift"
@@ -40,6 +44,7 @@ METRICS_PORT = 9477
 SHIFTD_ENV = "SHIFT_LAB_SHIFTD"  # overrides the daemon command, e.g. for a stand-in
 READY_TIMEOUT = 20.0
 STOP_TIMEOUT = 5.0
+RESTART_SEC = 0.5  # the supervisor's first restart delay (systemd's RestartSec)
 
 
 class LabError(RuntimeError):
@@ -55,24 +60,14 @@ class Pid:
 
     @classmethod
     def of(cls, pid: int) -> Pid:
-        stat = _proc_stat(pid)
+        stat = proc_stat(pid)
         return cls(pid, stat[1] if stat else -1)
 
     def alive(self) -> bool:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, os.WNOHANG)  # reap it if it is our own dead child
-        stat = _proc_stat(self.pid)
+        stat = proc_stat(self.pid)
         return stat is not None and stat[1] == self.start and stat[0] != "Z"
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time) of a process, or None when there is no such process."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = text.rpartition(")")[2].split()
-    return fields[0], int(fields[19])
 
 
 def stop(pids: Sequence[Pid], timeout: float) -> None:
@@ -87,6 +82,25 @@ def stop(pids: Sequence[Pid], timeout: float) -> None:
             time.sleep(0.05)
 
 
+@dataclass(frozen=True)
+class EtcdMember:
+    """One member of the lab's etcd cluster and where its files live."""
+
+    key: str  # its entry in state.json's pids: "etcd" (the first), "etcd1", ...
+    name: str  # its name in the cluster
+    address: str
+    data_dir: Path
+    log: Path
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}:{ETCD_PORT}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.address}:{ETCD_PEER_PORT}"
+
+
 class Lab:
     """One lab: its shape, where its files live, and the processes it started."""
 
@@ -96,11 +110,12 @@ class Lab:
         hosts: int = 2,
         nics: int = 2,
         *,
+        etcd_members: int = 1,
         shiftd_cmd: Sequence[str] | None = None,
         run_root: Path = RUN_ROOT,
         ready_timeout: float = READY_TIMEOUT,
     ) -> None:
-        self.shape = Shape(name, hosts, nics)
+        self.shape = Shape(name, hosts, nics, etcd_members)
         self.run_root = Path(run_root)
         self.shiftd_cmd = list(shiftd_cmd) if shiftd_cmd is not None else None
         self.ready_timeout = ready_timeout
@@ -112,7 +127,9 @@ class Lab:
         state = _read_json(Path(run_root) / name / "state.json")
         if state is None:
             raise LabError(f"lab {name!r} is not up; start it with: shift-lab up{_name_flag(name)}")
-        return cls(name, state["hosts"], state["nics"], run_root=run_root)
+        return cls(
+            name, state["hosts"], state["nics"], etcd_members=state.get("etcd_members", 1), run_root=run_root
+        )
 
     # names and paths
 
@@ -137,12 +154,23 @@ class Lab:
         return self.shape.namespaces
 
     @property
-    def etcd_endpoint(self) -> str:
-        return f"{fabric.MGMT_GATEWAY}:{ETCD_PORT}"
+    def etcd_members(self) -> list[EtcdMember]:
+        members = []
+        for m in range(self.shape.etcd_members):
+            key = "etcd" if m == 0 else f"etcd{m}"
+            address = self.shape.etcd_address(m)
+            data_dir, log = self.state_dir / key, self.state_dir / f"{key}.log"
+            members.append(EtcdMember(key, f"{self.name}-{key}", address, data_dir, log))
+        return members
 
     @property
-    def etcd_log(self) -> Path:
-        return self.state_dir / "etcd.log"
+    def etcd_endpoint(self) -> str:
+        """The first member's endpoint (the only one in a one-member lab)."""
+        return self.etcd_members[0].endpoint
+
+    @property
+    def etcd_endpoints(self) -> list[str]:
+        return [member.endpoint for member in self.etcd_members]
 
     def index(self, host: str) -> int:
         if host not in self.host_names:
@@ -165,6 +193,22 @@ class Lab:
 
     def log_path(self, host: str) -> Path:
         return self.host_dir(host) / "shiftd.log"
+
+    def supervisor_state_path(self, host: str) -> Path:
+        return self.host_dir(host) / "supervisor.json"
+
+    def daemon(self, host: str) -> Pid | None:
+        """The shiftd that the host's supervisor runs now (it changes with every restart), if alive."""
+        state = _read_json(self.supervisor_state_path(host))
+        if not state or state.get("pid") is None or state.get("start") is None:
+            return None
+        pid = Pid(state["pid"], state["start"])
+        return pid if pid.alive() else None
+
+    def restarts(self, host: str) -> int:
+        """How often the supervisor has restarted the host's shiftd."""
+        state = _read_json(self.supervisor_state_path(host))
+        return int(state["restarts"]) if state else 0
 
     @property
     def sockets(self) -> dict[str, Path]:
@@ -197,7 +241,7 @@ class Lab:
             f"# written by shift-lab for lab {self.name!r}; rewritten by every `shift-lab up`\n"
             f'host = "{host}"\n\n'
             f'[server]\nsocket = "{self.socket(host)}"\n\n'
-            f'[etcd]\nendpoints = ["{self.etcd_endpoint}"]\n\n'
+            f"[etcd]\nendpoints = {json.dumps(self.etcd_endpoints)}\n\n"
             f'[metrics]\nlisten = "{self.shape.mgmt_address(i)}:{METRICS_PORT}"\n\n'
             "[health]\nhold_down_seconds = 1.0\n\n"
             f"[devices]\n{devices}\n"
@@ -239,11 +283,13 @@ class Lab:
         pids = _pids_from(state)
         present = fabric.present(self.name)
         namespaces = {ns: ns in present for ns in sorted({*self.namespaces, *present})}
+        members = [{**self._member_record(m), **_process_status(pids.get(m.key))} for m in self.etcd_members]
         etcd = {
             "endpoint": self.etcd_endpoint,
+            "endpoints": self.etcd_endpoints,
             "namespace": self.shape.mgmt_ns,
-            "log": str(self.etcd_log),
-            **_process_status(pids.get("etcd")),
+            "alive": all(m["alive"] for m in members),
+            "members": members,
         }
         hosts = {h: self._host_status(h, pids.get(h)) for h in self.host_names}
         processes = [etcd, *hosts.values()]
@@ -251,7 +297,11 @@ class Lab:
             "name": self.name,
             "up": state is not None,
             "healthy": state is not None and all(namespaces.values()) and all(p["alive"] for p in processes),
-            "shape": {"hosts": self.shape.hosts, "nics": self.shape.nics},
+            "shape": {
+                "hosts": self.shape.hosts,
+                "nics": self.shape.nics,
+                "etcd_members": self.shape.etcd_members,
+            },
             "state_dir": str(self.state_dir),
             "namespaces": namespaces,
             "etcd": etcd,
@@ -288,10 +338,11 @@ class Lab:
     def _check_shape(self) -> None:
         state = _read_json(self.state_path)
         down = f"shift-lab down{_name_flag(self.name)}"
-        if state and (state["hosts"], state["nics"]) != (self.shape.hosts, self.shape.nics):
+        shape = (self.shape.hosts, self.shape.nics, self.shape.etcd_members)
+        if state and (state["hosts"], state["nics"], state.get("etcd_members", 1)) != shape:
             raise LabError(
-                f"lab {self.name!r} is up with {state['hosts']} hosts x {state['nics']} NICs;"
-                f" run `{down}` first to change its shape"
+                f"lab {self.name!r} is up with {state['hosts']} hosts x {state['nics']} NICs"
+                f" and {_members(state.get('etcd_members', 1))}; run `{down}` first to change its shape"
             )
         stray = sorted(set(fabric.present(self.name)) - set(self.namespaces))
         if stray:
@@ -304,11 +355,12 @@ class Lab:
             "name": self.name,
             "hosts": self.shape.hosts,
             "nics": self.shape.nics,
+            "etcd_members": self.shape.etcd_members,
             "pids": {key: {"pid": p.pid, "start": p.start} for key, p in self._pids.items()},
             "etcd": {
-                "endpoint": self.etcd_endpoint,
+                "endpoints": self.etcd_endpoints,
                 "namespace": self.shape.mgmt_ns,
-                "log": str(self.etcd_log),
+                "members": [self._member_record(m) for m in self.etcd_members],
             },
             "shiftd": {h: self._host_record(h) for h in self.host_names},
         }
@@ -328,28 +380,46 @@ class Lab:
             "addresses": self.shape.host_addresses(i),
         }
 
-    def _host_status(self, host: str, pid: Pid | None) -> dict[str, Any]:
-        return {**self._host_record(host), **_process_status(pid)}
+    @staticmethod
+    def _member_record(member: EtcdMember) -> dict[str, Any]:
+        return {"name": member.name, "endpoint": member.endpoint, "log": str(member.log)}
+
+    def _host_status(self, host: str, supervisor: Pid | None) -> dict[str, Any]:
+        """The daemon counts as alive when its supervisor is, and has a shiftd running right now."""
+        daemon = self.daemon(host) if supervisor and supervisor.alive() else None
+        return {
+            **self._host_record(host),
+            "pid": daemon.pid if daemon else None,
+            "alive": daemon is not None,
+            "supervisor": _process_status(supervisor),
+            "restarts": self.restarts(host),
+        }
 
     def _ensure_etcd(self) -> None:
-        pid = self._pids.get("etcd")
-        if pid and pid.alive():
-            return
-        member = EtcdProcess(
-            data_dir=self.state_dir / "etcd",
-            name=self.name,
-            client_host=fabric.MGMT_GATEWAY,
-            client_port=ETCD_PORT,
-            peer_port=ETCD_PEER_PORT,
-            netns=self.shape.mgmt_ns,
-            log_path=self.etcd_log,
-        )
-        try:
-            member.start()
-        finally:
-            if member.proc is not None:
-                self._pids["etcd"] = Pid.of(member.proc.pid)
-                self._save()
+        """Start the members that are not running, all at once: a new cluster needs a quorum to be ready."""
+        cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.etcd_members)
+        dead = [m for m in self.etcd_members if not (self._pids.get(m.key) and self._pids[m.key].alive())]
+        processes = {
+            m.key: EtcdProcess(
+                data_dir=m.data_dir,
+                name=m.name,
+                client_host=m.address,
+                client_port=ETCD_PORT,
+                peer_port=ETCD_PEER_PORT,
+                netns=self.shape.mgmt_ns,
+                log_path=m.log,
+                initial_cluster=cluster,
+            )
+            for m in dead
+        }
+        with ThreadPoolExecutor(max_workers=max(1, len(processes))) as pool:
+            started = {key: pool.submit(p.start) for key, p in processes.items()}
+        for key, process in processes.items():
+            if process.proc is not None:
+                self._pids[key] = Pid.of(process.proc.pid)
+        self._save()
+        for future in started.values():
+            future.result()  # the first member's failure, if any, is the one reported
 
     def _ensure_daemons(self) -> None:
         started: dict[str, subprocess.Popen[bytes]] = {}
@@ -375,9 +445,16 @@ class Lab:
         return [exe, *cmd[1:]]
 
     def _spawn_shiftd(self, host: str) -> subprocess.Popen[bytes]:
-        argv = netns.command(
-            self.namespace(host), [*self._shiftd_argv(), "--config", str(self.config_path(host))]
-        )
+        """The host's supervisor, in the host's namespace, running shiftd as its child."""
+        self.supervisor_state_path(host).unlink(missing_ok=True)  # a dead supervisor's record
+        supervise = [
+            sys.executable, "-m", "shiftd.supervise",
+            "--state", str(self.supervisor_state_path(host)),
+            "--restart-sec", str(RESTART_SEC),
+            "--stop-timeout", str(STOP_TIMEOUT - 1),
+            "--", *self._shiftd_argv(), "--config", str(self.config_path(host)),
+        ]  # fmt: skip
+        argv = netns.command(self.namespace(host), supervise)
         with open(self.log_path(host), "ab") as log:
             return subprocess.Popen(
                 argv,
@@ -404,12 +481,12 @@ class Lab:
 
     def _teardown(self, keep_logs: bool) -> list[str]:
         done = []
-        daemons = [(k, p) for k, p in self._pids.items() if k != "etcd"]
-        etcd = [(k, p) for k, p in self._pids.items() if k == "etcd"]
+        daemons = [(k, p) for k, p in self._pids.items() if not k.startswith("etcd")]
+        etcd = [(k, p) for k, p in self._pids.items() if k.startswith("etcd")]
         for group in (daemons, etcd):  # daemons first: they still talk to etcd while stopping
             live = [(k, p) for k, p in group if p.alive()]
             stop([p for _, p in live], STOP_TIMEOUT)
-            done += [f"stopped {'shiftd on ' if k != 'etcd' else ''}{k} (pid {p.pid})" for k, p in live]
+            done += [f"stopped {_what(k)} (pid {p.pid})" for k, p in live]
         self._pids = {}
         done += [f"removed namespace {ns}" for ns in fabric.destroy(self.name)]
         if self.state_dir.exists():
@@ -418,6 +495,14 @@ class Lab:
                 f"removed {self.state_dir}" if not keep_logs else f"kept the logs in {self.state_dir}"
             )
         return done
+
+
+def _what(key: str) -> str:
+    return key if key.startswith("etcd") else f"shiftd and its supervisor on {key}"
+
+
+def _members(count: int) -> str:
+    return f"{count} etcd member{'s' if count != 1 else ''}"
 
 
 def _process_status(pid: Pid | None) -> dict[str, Any]:
@@ -480,7 +565,7 @@ def _name_flag(name: str) -> str:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    lab = Lab(args.name, args.hosts, args.nics)
+    lab = Lab(args.name, args.hosts, args.nics, etcd_members=args.etcd_members)
     lab.up()
     print(_describe(lab))
     return 0
@@ -521,7 +606,7 @@ def _describe(lab: Lab) -> str:
     flag = _name_flag(lab.name)
     lines = [
         f"lab {lab.name!r} is up: {lab.shape.hosts} hosts x {lab.shape.nics} NICs (state in {lab.state_dir})",
-        f"  etcd  {lab.etcd_endpoint} in namespace {lab.shape.mgmt_ns}",
+        f"  etcd  {', '.join(lab.etcd_endpoints)} in namespace {lab.shape.mgmt_ns}",
     ]
     for host in lab.host_names:
         lines.append(f"  {host:<5} namespace {lab.namespace(host)}, socket {lab.socket(host)}")
@@ -543,10 +628,13 @@ def _format_status(status: dict[str, Any]) -> str:
     lines = [f"lab {status['name']!r}: {shape['hosts']} hosts x {shape['nics']} NICs, {health}"]
     namespaces = [f"{ns}{'' if ok else ' MISSING'}" for ns, ok in status["namespaces"].items()]
     lines.append(f"  namespaces: {', '.join(namespaces)}")
-    etcd = status["etcd"]
-    lines.append(f"  etcd   {etcd['endpoint']} ({etcd['namespace']}): {alive(etcd)}")
+    for member in status["etcd"]["members"]:
+        lines.append(f"  etcd   {member['endpoint']} ({member['name']}): {alive(member)}")
     for host, rec in status["hosts"].items():
-        lines.append(f"  {host:<6} shiftd {alive(rec)}, socket {rec['socket']}")
+        supervisor = rec["supervisor"]
+        restarts = f", {rec['restarts']} restarts" if rec["restarts"] else ""
+        lines.append(f"  {host:<6} shiftd {alive(rec)}, supervisor {alive(supervisor)}{restarts}")
+        lines.append(f"         socket {rec['socket']}")
         nics = [f"{dev}={netdev} {rec['addresses'][netdev]}" for dev, netdev in rec["devices"].items()]
         lines.append(f"         {', '.join(nics)}, mgmt0 {rec['addresses'][fabric.MGMT_NETDEV]}")
     return "\n".join(lines)
@@ -569,19 +657,27 @@ def build_parser() -> argparse.ArgumentParser:
         "up",
         "build the fabric and start etcd and the daemons",
         "Build hosts NAME-h0.. with NICs ens1f0np0.. (RDMA names mlx5_0..) on rail switches NAME-rail0.., "
-        "a management network NAME-mgmt with etcd on 198.19.0.1:2379, and start one shiftd per host. "
-        "Host i has 198.18.R.(10+i)/24 on rail R and 198.19.0.(10+i)/24 on mgmt0. "
+        "a management network NAME-mgmt with etcd on 198.19.0.1:2379 (--etcd-members 3: also .2 and .3), and "
+        "start one shiftd per host under a supervisor that restarts it after a crash (as systemd's "
+        "Restart=on-failure). Host i has 198.18.R.(10+i)/24 on rail R and 198.19.0.(10+i)/24 on mgmt0. "
         "Running it again reuses a lab of the same shape and restarts dead processes. "
         f"{SHIFTD_ENV} overrides the daemon command.",
     )
     up.add_argument("--hosts", type=int, default=2, help="number of hosts (default 2)")
     up.add_argument("--nics", type=int, default=2, help="NICs per host, one rail each (default 2)")
+    up.add_argument(
+        "--etcd-members",
+        type=int,
+        default=1,
+        help="etcd cluster size: 1, 3 or 5 members on 198.19.0.1, .2, ... (default 1)",
+    )
     up.set_defaults(func=_cmd_up)
 
     down = add(
         "down",
         "stop the processes and remove the lab",
-        "Stop the processes `up` started (SIGTERM, then SIGKILL), delete every namespace and link of the "
+        "Stop the processes `up` started (SIGTERM, then SIGKILL; a shiftd stops with its supervisor), delete "
+        "every namespace and link of the "
         "lab and its state directory. Safe to repeat, and after a failed `up`.",
     )
     down.set_defaults(func=_cmd_down)

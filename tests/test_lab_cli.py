@@ -31,8 +31,10 @@ SHIFT_LAB = str(Path(sys.executable).parent / "shift-lab")
 _labs = itertools.count()
 
 STANDIN = r'''
-"""A stand-in for shiftd: listens on the configured socket and records where it runs."""
-import json, os, signal, socket, sys, tomllib
+"""A stand-in for shiftd: listens on the configured socket, says READY=1 as shiftd does, records where
+it runs. --exit-after-ready N: exit with status N a second after READY (0: cleanly, as after SIGTERM).
+"""
+import json, os, signal, socket, sys, time, tomllib
 
 with open(sys.argv[sys.argv.index("--config") + 1], "rb") as f:
     path = tomllib.load(f)["server"]["socket"]
@@ -47,6 +49,13 @@ if os.path.exists(path):
 server = socket.socket(socket.AF_UNIX)
 server.bind(path)
 server.listen()
+notify = os.environ.get("NOTIFY_SOCKET", "")
+if notify:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.sendto(b"READY=1", "\0" + notify[1:] if notify.startswith("@") else notify)
+if "--exit-after-ready" in sys.argv:
+    time.sleep(1.0)
+    sys.exit(int(sys.argv[sys.argv.index("--exit-after-ready") + 1]))
 while True:
     server.accept()[0].close()
 '''
@@ -144,8 +153,10 @@ def test_daemons_run_detached_in_their_host_namespace_with_their_config(running:
     for host in running.host_names:
         info = standin_info(running, host)
         assert info["netns"] == os.stat(netns.path(running.namespace(host))).st_ino
-        assert info["sid"] == info["pid"] != os.getsid(0), "a daemon leads its own session"
-        assert info["pid"] == state(running)["pids"][host]["pid"]
+        supervisor = state(running)["pids"][host]["pid"]
+        assert info["sid"] == supervisor != os.getsid(0), "a daemon's supervisor leads its own session"
+        daemon = running.daemon(host)
+        assert daemon is not None and info["pid"] == daemon.pid != supervisor
         assert info["env"] == {
             "SHIFT_HOST": host,
             "SHIFT_SOCKET": str(running.socket(host)),
@@ -169,7 +180,7 @@ def test_status_json_reports_a_healthy_lab(running: Lab) -> None:
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
     assert status["up"] and status["healthy"]
-    assert status["shape"] == {"hosts": 2, "nics": 2}
+    assert status["shape"] == {"hosts": 2, "nics": 2, "etcd_members": 1}
     assert status["namespaces"] == {ns: True for ns in running.namespaces}
     assert status["etcd"]["alive"] and status["etcd"]["endpoint"] == "198.19.0.1:2379"
     assert status["hosts"]["h0"]["alive"] and status["hosts"]["h1"]["alive"]
@@ -272,9 +283,10 @@ def test_down_kills_a_daemon_that_ignores_sigterm(
     monkeypatch.setattr("shiftd.lab.STOP_TIMEOUT", 0.5)
     lab = Lab(lab_name, hosts=1, nics=1, shiftd_cmd=[*standin, "--ignore-term"])
     lab.up()
-    pid = state(lab)["pids"]["h0"]["pid"]
+    supervisor, daemon = state(lab)["pids"]["h0"]["pid"], lab.daemon("h0")
+    assert daemon is not None
     lab.down()
-    assert not pid_alive(pid)
+    assert not pid_alive(supervisor) and not pid_alive(daemon.pid)
 
 
 def test_a_failed_up_cleans_up_and_keeps_the_log(lab_name: str) -> None:
@@ -373,3 +385,98 @@ def test_a_corrupt_state_file_is_one_line_and_down_still_cleans_up(lab_name: str
     down = cli("down", "--name", lab_name)
     assert down.returncode == 0 and "state.json: unreadable" in down.stdout
     assert not state_dir.exists()
+
+
+def wait_for(predicate: Any, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
+def _recorded_pid(lab: Lab, host: str) -> int | None:
+    try:
+        return standin_info(lab, host)["pid"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def test_three_etcd_members_each_on_its_own_address(lab_name: str, standin: list[str]) -> None:
+    result = cli(
+        "up", "--name", lab_name, "--hosts", "1", "--nics", "1", "--etcd-members", "3", standin=standin
+    )
+    assert result.returncode == 0, result.stderr
+    assert "198.19.0.1:2379, 198.19.0.2:2379, 198.19.0.3:2379" in result.stdout
+    lab = Lab.existing(lab_name)
+    endpoints = ["198.19.0.1:2379", "198.19.0.2:2379", "198.19.0.3:2379"]
+    assert config.load(lab.config_path("h0")).etcd.endpoints == tuple(endpoints)
+    status = json.loads(cli("status", "--json", "--name", lab_name).stdout)
+    assert status["healthy"] and status["shape"]["etcd_members"] == 3
+    members = status["etcd"]["members"]
+    assert [m["endpoint"] for m in members] == endpoints and all(m["alive"] for m in members)
+    assert len({m["pid"] for m in members}) == 3
+    text = cli("status", "--name", lab_name).stdout
+    assert f"etcd   198.19.0.3:2379 ({lab_name}-etcd2): pid {members[2]['pid']} alive" in text
+    # one cluster of three, reachable from a host on every member's address
+    listing = cli(
+        "exec", "--name", lab_name, "h0", "--", "etcdctl", "--endpoints", endpoints[2], "member", "list"
+    )
+    assert listing.returncode == 0, listing.stderr
+    assert sorted(line.split(", ")[2] for line in listing.stdout.splitlines()) == [
+        f"{lab_name}-etcd",
+        f"{lab_name}-etcd1",
+        f"{lab_name}-etcd2",
+    ]
+    # another member count is another shape
+    line = one_line_error(cli("up", "--name", lab_name, "--hosts", "1", "--nics", "1", standin=standin))
+    assert "is up with 1 hosts x 1 NICs and 3 etcd members" in line
+
+    down = cli("down", "--name", lab_name)
+    assert down.returncode == 0 and "stopped etcd2" in down.stdout
+    assert not any(pid_alive(m["pid"]) for m in members)
+
+
+def test_an_even_etcd_cluster_is_refused() -> None:
+    line = one_line_error(cli("up", "--name", "lbcbad", "--etcd-members", "2"))
+    assert line == "shift-lab: --etcd-members must be one of 1, 3, 5, not 2"
+    assert fabric.present("lbcbad") == []
+
+
+def test_the_supervisor_restarts_a_killed_daemon(lab_name: str, standin: list[str]) -> None:
+    lab = Lab(lab_name, hosts=1, nics=1, shiftd_cmd=standin)
+    lab.up()
+    first = lab.daemon("h0")
+    assert first is not None and lab.restarts("h0") == 0
+    os.kill(first.pid, signal.SIGKILL)  # the daemon this test's lab started
+    second = wait_for(lambda: (daemon := lab.daemon("h0")) != first and daemon)
+    assert second, "restarted"
+    # and it runs: it writes its record again (read when complete)
+    assert wait_for(lambda: _recorded_pid(lab, "h0") == second.pid)
+    assert lab.restarts("h0") == 1 and lab.status()["healthy"]
+    assert "killed by SIGKILL" in lab.log_path("h0").read_text()
+    assert "1 restarts" in cli("status", "--name", lab_name).stdout
+
+    # the daemon does not outlive its supervisor
+    supervisor = state(lab)["pids"]["h0"]["pid"]
+    os.kill(supervisor, signal.SIGKILL)
+    assert wait_for(lambda: not pid_alive(second.pid) and not pid_alive(supervisor))
+    assert not lab.status()["healthy"]
+
+
+def test_a_clean_exit_is_not_restarted_and_a_crash_loop_backs_off(lab_name: str, standin: list[str]) -> None:
+    lab = Lab(lab_name, hosts=1, nics=1, shiftd_cmd=[*standin, "--exit-after-ready", "0"])
+    lab.up()
+    supervisor = state(lab)["pids"]["h0"]["pid"]
+    assert wait_for(lambda: not pid_alive(supervisor)), "a clean exit ends the service"
+    assert lab.restarts("h0") == 0 and not lab.status()["healthy"]
+    assert "clean exit: not restarted" in lab.log_path("h0").read_text()
+    lab.down()
+
+    lab = Lab(lab_name, hosts=1, nics=1, shiftd_cmd=[*standin, "--exit-after-ready", "3"])
+    lab.up()
+    started = time.monotonic()
+    assert wait_for(lambda: lab.restarts("h0") >= 3, timeout=20)
+    # delays of 0.5, 1 and 2 s between the three restarts (each run lives a second)
+    assert time.monotonic() - started >= 0.5 + 1 + 2
+    log = lab.log_path("h0").read_text()
+    assert "exited with status 3" in log and "restarting in 2s" in log
