@@ -1,0 +1,258 @@
+"""What the failover benchmarks share: the lab, a stream between two lab hosts, real faults, timed.
+
+A benchmark brings up a 2 hosts x 2 NICs lab (prefix "fb"), or uses a running one (--lab NAME), and runs
+failover_peer.py on h0 (sender) and h1 (receiver). Faults are injected by this process with netlink
+requests built in advance, and t0, the instant of a fault, is CLOCK_MONOTONIC just before the request is
+sent: the clock every process of the machine shares, on which the peers time their completions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import queue
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from nic_event_latency import percentile, set_link
+
+from shiftd import netns
+from shiftd.etcdproc import EtcdError
+from shiftd.fabric import FabricError
+from shiftd.lab import Lab, LabError
+
+PEER = str(Path(__file__).with_name("failover_peer.py"))
+OUT = Path(__file__).with_name("out")
+SETTLE = 0.3  # after a failback, before the next fault: the re-armed backup's handshake is done by then
+
+
+def progress(message: str) -> None:
+    print(f"\r{message}\033[K", end="", file=sys.stderr, flush=True)
+
+
+def arguments(description: str, trials: int | None = None) -> argparse.ArgumentParser:
+    """The options every failover benchmark has: --lab, --json (and --trials when it repeats)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--lab", help="use this running lab (2 hosts x 2 NICs) instead of building one")
+    name = Path(sys.argv[0]).stem
+    parser.add_argument("--json", type=Path, default=OUT / f"{name}.json", help="where the results go")
+    if trials is not None:
+        parser.add_argument("--trials", type=int, default=trials, help=f"trials (default {trials})")
+    return parser
+
+
+@contextlib.contextmanager
+def lab_for(args: argparse.Namespace) -> Iterator[Lab]:
+    """The lab named by --lab, or a fresh 2x2 one taken down at the end."""
+    me = Path(sys.argv[0]).stem
+    if os.geteuid() != 0:
+        raise SystemExit(f"{me}: needs root (network namespaces)")
+    try:
+        if args.lab:
+            lab = Lab.existing(args.lab)
+            if (lab.shape.hosts, lab.shape.nics) != (2, 2):
+                raise LabError(
+                    f"lab {args.lab!r} has {lab.shape.hosts} hosts x {lab.shape.nics} NICs, not 2 x 2"
+                )
+        else:
+            lab = Lab(f"fb{os.getpid() % 10000}", hosts=2, nics=2)
+            progress(f"bringing up lab {lab.name} (2 hosts x 2 NICs)...")
+            lab.up()
+    except (LabError, FabricError, EtcdError) as exc:
+        raise SystemExit(f"{me}: {exc}") from None
+    try:
+        yield lab
+    finally:
+        if not args.lab:
+            lab.down()
+
+
+def save(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=1))
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "median": statistics.median(values),
+        "p99": percentile(values, 99),
+        "max": max(values),
+    }
+
+
+class Peer:
+    """failover_peer.py on a lab host, spoken to in JSON lines."""
+
+    def __init__(self, lab: Lab, host: str, args: list[str]) -> None:
+        argv, env = lab.exec_command(host, [sys.executable, PEER, *args])
+        self.host = host
+        # a file, not a pipe: a chatty peer never blocks on it; closed with the object
+        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def read(self, key: str, timeout: float = 60.0) -> dict[str, Any]:
+        """The next line that has `key` (others are skipped); SystemExit with the peer's stderr if none."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = json.loads(self.lines.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                raise SystemExit(
+                    f"{self.host}: no {key!r} within {timeout:g}s; stderr:\n{self.stderr()}"
+                ) from None
+            if key in line:
+                return line
+
+    def send(self, **fields: object) -> None:
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.write(json.dumps(fields) + "\n")
+            self.proc.stdin.flush()
+
+    def ask(self, key: str, timeout: float = 60.0, **fields: object) -> dict[str, Any]:
+        self.send(**fields)
+        return self.read(key, timeout)
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.seek(0)
+        return self.log.read()[-4000:]
+
+    def close(self) -> None:
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Pair:
+    """A connected sender (h0) and receiver (h1): `with Pair(lab, "--mode", "send") as pair: ...`."""
+
+    def __init__(self, lab: Lab, *args: str, connect_timeout: float = 120.0) -> None:
+        self.sender = Peer(lab, "h0", ["sender", *args])
+        self.receiver = Peer(lab, "h1", ["receiver", *args])
+        try:
+            ends = (
+                self.sender.read("endpoints", connect_timeout),
+                self.receiver.read("endpoints", connect_timeout),
+            )
+            self.sender.send(**ends[1])
+            self.receiver.send(**ends[0])
+            self.created = ends
+            self.connected = (
+                self.sender.read("connected", connect_timeout),
+                self.receiver.read("connected", connect_timeout),
+            )
+        except BaseException:
+            self.kill()
+            raise
+
+    def settle(self) -> None:
+        """Wait until both sides are back on the default path with the backup armed."""
+        for peer in (self.sender, self.receiver):
+            answer = peer.ask("settled", settled=True)
+            if not answer["settled"]:
+                raise SystemExit(
+                    f"{peer.host}: QPs did not settle on the default path: {answer['states']}; "
+                    f"stderr (SHIFT_BENCH_LOG=INFO for more):\n{peer.stderr()}"
+                )
+        time.sleep(SETTLE)
+
+    def stop(self, timeline: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        sent = self.sender.ask("done", stop=True, timeline=timeline)
+        received = self.receiver.ask("done", stop=True)
+        for peer in (self.sender, self.receiver):
+            peer.close()
+        return sent, received
+
+    def kill(self) -> None:
+        for peer in (self.sender, self.receiver):
+            if peer.proc.poll() is None:
+                peer.proc.kill()
+                peer.proc.wait()
+            peer.log.close()
+
+    def __enter__(self) -> Pair:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+def bounce_port(lab: Lab, pair: Pair, host: str = "h0") -> None:
+    """Take `host`'s switch port down until its shiftd has said so to the sender, then up again: shiftd's
+    NIC DOWN and UP, which fail the sender's QPs back onto mlx5_0 (a quicker bounce goes unseen)."""
+    since = switch_port(lab, host, up=False)
+    seen = pair.sender.ask("nic", nic="down", since=since)["nic"]
+    switch_port(lab, host, up=True)
+    if not seen:
+        raise SystemExit(f"{host}: shiftd's NIC DOWN never reached the sender")
+
+
+# faults: each returns t0, CLOCK_MONOTONIC ns just before the kernel got the request
+
+
+def switch_port(lab: Lab, host: str, up: bool, rail: int = 0) -> int:
+    """Set `host`'s port on rail `rail`'s switch down or up: the host's NIC loses or regains carrier."""
+    return set_link(lab.shape.rail_ns(rail), host, up)
+
+
+RTM_NEWQDISC, RTM_DELQDISC = 36, 37
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_REPLACE, NLM_F_CREATE = 0x1, 0x4, 0x100, 0x400
+TC_H_ROOT, TCA_KIND = 0xFFFFFFFF, 1
+
+
+def _qdisc_request(index: int, add: bool) -> bytes:
+    """RTM_NEWQDISC of a root "blackhole" qdisc (drops every packet it is given), or its RTM_DELQDISC."""
+    body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, 0, TC_H_ROOT, 0)
+    if add:
+        kind = b"blackhole\0"
+        body += struct.pack("=HH", 4 + len(kind), TCA_KIND) + kind + b"\0" * (-len(kind) % 4)
+        kind_flags, flags = RTM_NEWQDISC, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+    else:
+        kind_flags, flags = RTM_DELQDISC, NLM_F_REQUEST | NLM_F_ACK
+    return struct.pack("=IHHII", 16 + len(body), kind_flags, flags, 1, 0) + body
+
+
+def blackhole(lab: Lab, towards: str, on: bool, rail: int = 0) -> int:
+    """Rail `rail`'s switch drops (on) or forwards again (off) everything towards `towards`; links stay up,
+    so no shiftd sees anything: the gray failure only an ack deadline reveals."""
+
+    def inside() -> int:
+        request = _qdisc_request(socket.if_nametoindex(towards), on)
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+            started = time.monotonic_ns()
+            sock.send(request)
+            ack = sock.recv(4096)
+        (error,) = struct.unpack_from("=i", ack, 16)
+        if error:
+            raise OSError(
+                -error, f"blackhole {'on' if on else 'off'} towards {towards}: {os.strerror(-error)}"
+            )
+        return started
+
+    return netns.run(lab.shape.rail_ns(rail), inside)

@@ -1,0 +1,443 @@
+"""One end of a failover benchmark stream, run on a lab host by failover_lab.Pair.
+
+It speaks JSON lines. It builds either shift objects (ShiftContext over mlx5_0, backup on mlx5_1) or the
+bare tcp-provider objects (--plain), prints {"endpoints", "addr", "rkey", "rss"}, reads the peer's the same
+way, connects `--qps` QPs (one CQ for all), prints {"connected", "connected_s"}, and then obeys orders:
+
+  {"stream": true}        sender: post continuously (SEND, RDMA_WRITE or RDMA_READ of --size bytes,
+                          round-robin, at most --window outstanding per QP) until told to stop;
+  {"mark": t0}            sender: post one more WR on every QP at once, and answer {"resumed"} once every
+                          QP has completed a WR posted at or after t0 (CLOCK_MONOTONIC ns): a WR posted after
+                          the fault can only complete on the backup;
+  {"burst": seconds}      sender: stream for that long, answer {"burst": bytes, seconds};
+  {"ping": n}             sender: n ping-pongs of --size bytes on QP 0, answer {"ping": [half round trips]};
+  {"nic": "down", "since": t}  sender: answer {"nic": true} once shiftd's NIC event ("down" or "up") for
+                          mlx5_0 has reached the application after t;
+  {"settled": true}       answer once every QP is on the default path with its backup armed (a failure now
+                          is a clean trial);
+  {"stop": true}          end the stream, answer {"done": counts, errors, timeline, rss} and exit.
+
+The receiver re-posts receives (send mode) and echoes pings; in write and read mode it only has to be alive
+(its watcher threads answer the failover handshake). With nothing to do, a side busy-polls, or with --block
+waits on a completion channel. Every completion is timed on CLOCK_MONOTONIC, which all
+processes of the machine share, so the orchestrator can compare with the instant it injected a fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+from array import array
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from libshift.agent import Agent
+from libshift.api.shift.v1 import common_pb2
+from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP, State
+from libshift.verbs import (
+    CQ,
+    MR,
+    PD,
+    QP,
+    SGE,
+    WC,
+    CompChannel,
+    Context,
+    Endpoint,
+    QPAttr,
+    QPCap,
+    QPInitAttr,
+    RecvWR,
+    SendWR,
+)
+from libshift.verbs import enums as e
+
+DEVICE = "mlx5_0"
+ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+OPCODES = {"send": e.IBV_WR_SEND, "write": e.IBV_WR_RDMA_WRITE, "read": e.IBV_WR_RDMA_READ}
+PING = 0x50494E47  # the immediate of a ping: the receiver answers it
+PING_WR = 1 << 48  # wr_id of pings and their answers, apart from the stream's sequence numbers
+BATCH = 64
+NIC_STATES = {"down": common_pb2.NIC_STATE_DOWN, "up": common_pb2.NIC_STATE_UP}
+IDLE_WAIT = 0.01  # the longest block on the channel, so that orders are noticed
+ANSWER_WITHIN = 30.0  # an order not met by then is answered anyway, saying so
+
+
+def say(**fields: object) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def rss_kib() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+@dataclass
+class Lane:
+    """One QP and its stream: WRs posted and completed (sequence numbers), post times of the outstanding."""
+
+    qp: Any
+    posted: int = 0
+    done: int = 0
+    post_ns: deque[int] = field(default_factory=deque)
+
+
+class Stack:
+    """The verbs objects of one side: shift objects, or the bare provider's (--plain)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.nic_events: list[tuple[int, int, int]] = []  # (arrived, shiftd saw, state) for our device
+        cqe = args.qps * (2 * args.window + 2) + 16
+        cap = QPCap(max_send_wr=args.window + 1, max_recv_wr=args.window + 1)
+        self.agent: Agent | None = None
+        self.settle_by: float | None = None  # when a pending {"settled"} is answered anyway
+        self.nic_wait: tuple[int, int, float] | None = None  # a pending {"nic"}: state, since, answer by
+        if args.plain:
+            self.ctx: Any = Context(DEVICE)
+            self.pd: Any = PD(self.ctx)
+            self.mr: Any = MR(self.pd, args.size, ACCESS)
+            self.channel: Any = CompChannel(self.ctx) if args.block else None
+            self.cq: Any = CQ(self.ctx, cqe, channel=self.channel)
+        else:
+            self.agent = Agent.connect()
+            if self.agent is None:
+                raise SystemExit("failover_peer: no shiftd at SHIFT_SOCKET")
+            self.agent.add_listener(self._on_nic)  # before the context's: it times the arrival itself
+            self.ctx = ShiftContext(DEVICE, agent=self.agent)
+            self.pd = ShiftPD(self.ctx)
+            self.mr = ShiftMR(self.pd, args.size, ACCESS)
+            self.channel = ShiftCompChannel(self.ctx) if args.block else None
+            self.cq = ShiftCQ(self.ctx, cqe, channel=self.channel)
+        self.base_rss = rss_kib()
+        make = QP if args.plain else ShiftQP
+        self.lanes = [
+            Lane(make(self.pd, QPInitAttr(scq=self.cq, rcq=self.cq, cap=cap))) for _ in range(args.qps)
+        ]
+        self.by_qpn = {lane.qp.qp_num: lane for lane in self.lanes}
+        self.sge = [SGE(self.mr.buf, args.size, self.mr.lkey)]
+
+    def _on_nic(self, event: common_pb2.NicEvent) -> None:
+        if event.device == DEVICE:
+            self.nic_events.append((time.monotonic_ns(), event.monotonic_nanos, event.state))
+
+    def connect(self, peer: dict[str, Any]) -> None:
+        for lane, endpoint in zip(self.lanes, peer["endpoints"], strict=True):
+            attr = QPAttr(qp_access_flags=ACCESS, timeout=self.args.timeout, retry_cnt=self.args.retry_cnt)
+            lane.qp.connect(Endpoint.from_json(endpoint), attr)
+            if self.args.mode == "send":
+                for _ in range(self.args.window):
+                    self.post_recv(lane)
+
+    def post_recv(self, lane: Lane) -> None:
+        lane.qp.post_recv(RecvWR(sg=self.sge))
+
+    def poll(self, wait: bool) -> list[WC]:
+        """The CQ's completions; with `wait` and none there, block on the channel (--block, as perftest's -e)
+        for a while, or yield the interpreter to the provider's and the context's threads."""
+        _, wcs = self.cq.poll(BATCH)
+        if wcs or not wait:
+            return wcs
+        if self.channel is None:
+            time.sleep(0)
+            return wcs
+        self.cq.req_notify()
+        _, wcs = self.cq.poll(BATCH)  # one may have come between the poll and the arming
+        if not wcs:
+            with contextlib.suppress(TimeoutError):
+                self.channel.get_cq_event(timeout=IDLE_WAIT)
+            _, wcs = self.cq.poll(BATCH)
+        return wcs
+
+    def state(self, lane: Lane) -> str:
+        return "plain" if self.args.plain else lane.qp.state.value
+
+    def states(self) -> dict[str, int]:
+        return dict(Counter(self.state(lane) for lane in self.lanes))
+
+    def settled(self) -> bool:
+        """Every QP on the default path with its backup armed: a failure now finds somewhere to go."""
+        return self.args.plain or all(
+            lane.qp.state == State.DEFAULT and lane.qp.armed["backup"] for lane in self.lanes
+        )
+
+    def expect(self, order: dict[str, Any]) -> None:
+        """Note a {"settled"} or {"nic"} order, answered by answer_pending when it holds."""
+        by = time.monotonic() + ANSWER_WITHIN
+        if "settled" in order:
+            self.settle_by = by
+        else:
+            self.nic_wait = (NIC_STATES[order["nic"]], int(order["since"]), by)
+
+    def nic_seen(self) -> bool:
+        assert self.nic_wait is not None
+        state, since, _ = self.nic_wait
+        return any(arrived >= since and st == state for arrived, _, st in self.nic_events)
+
+    def answer_pending(self) -> None:
+        """Answer pending orders once they hold, or when overdue (then with false)."""
+        if self.settle_by is not None and (self.settled() or time.monotonic() > self.settle_by):
+            say(settled=self.settled(), states=self.states())
+            self.settle_by = None
+        if self.nic_wait is not None and (self.nic_seen() or time.monotonic() > self.nic_wait[2]):
+            say(nic=self.nic_seen())
+            self.nic_wait = None
+
+    def close(self) -> None:
+        self.ctx.close()
+        if self.agent is not None:
+            self.agent.close()
+
+
+class Orders:
+    """The orchestrator's lines, read on a thread of their own so the data loop never blocks on stdin."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in sys.stdin:
+            self.queue.put(json.loads(line))
+        self.queue.put({"stop": True})
+
+    def next(self, wait: float) -> dict[str, Any] | None:
+        try:
+            return self.queue.get(timeout=wait) if wait > 0 else self.queue.get_nowait()
+        except queue.Empty:
+            return None
+
+
+class Sender:
+    """The data loop of the sending side: streams, marks, bursts and pings, on one thread."""
+
+    def __init__(self, stack: Stack, remote: tuple[int, int], signal_every: int) -> None:
+        self.stack = stack
+        self.args = stack.args
+        self.remote = remote
+        self.signal_every = signal_every
+        self.streaming = False
+        self.done_ns = array("q")  # completion times of the signaled WRs, for the timeline
+        self.done_bytes = array("q")
+        self.states: list[tuple[int, str]] = []  # (time, state) of QP 0 whenever it changes
+        self.errors: list[str] = []
+        self.mark: tuple[int, dict[int, int], float] | None = None  # t0, qpn -> first completion, deadline
+        self.pings = 0
+
+    def post(self, lane: Lane) -> None:
+        seq = lane.posted
+        last_of_window = (seq + 1) % self.signal_every == 0 or lane.posted - lane.done + 1 >= self.args.window
+        flags = e.IBV_SEND_SIGNALED if last_of_window else 0
+        wr = SendWR(wr_id=seq, opcode=OPCODES[self.args.mode], sg=self.stack.sge, send_flags=flags)
+        if self.args.mode != "send":
+            wr.set_wr_rdma(self.remote[1], self.remote[0])
+        lane.post_ns.append(time.monotonic_ns())
+        lane.qp.post_send(wr)
+        lane.posted += 1
+
+    def fill(self) -> bool:
+        """Post on every lane with room; whether anything was posted."""
+        posted = False
+        for lane in self.stack.lanes:
+            while lane.posted - lane.done < self.args.window:
+                self.post(lane)
+                posted = True
+        return posted
+
+    def post_beyond_window(self) -> None:
+        """One more WR on every streaming QP, at once: with the window full when the link died, nothing
+        completes (so nothing would be posted) until the backup carries traffic, and the first WR posted
+        after t0 would wait for that; this one is posted as soon as the mark arrives (the QPs have room)."""
+        if self.streaming:
+            for lane in self.stack.lanes:
+                if lane.posted - lane.done <= self.args.window:
+                    self.post(lane)
+
+    def poll(self, wait: bool = False) -> int:
+        wcs = self.stack.poll(wait)
+        now = time.monotonic_ns()
+        for wc in wcs:
+            lane = self.stack.by_qpn[wc.qp_num]
+            if wc.status != e.IBV_WC_SUCCESS:
+                self.errors.append(f"qp {wc.qp_num} wr {wc.wr_id}: {e.ibv_wc_status(wc.status).name}")
+                self.streaming = False
+                continue
+            if wc.opcode == e.IBV_WC_RECV:  # a ping's answer
+                self.pings += 1
+                self.stack.post_recv(lane)
+                continue
+            if wc.wr_id == PING_WR:
+                continue
+            if wc.wr_id < lane.done:
+                self.errors.append(f"qp {wc.qp_num}: completion {wc.wr_id} after {lane.done - 1}")
+                continue
+            count = wc.wr_id + 1 - lane.done
+            posted = [lane.post_ns.popleft() for _ in range(count)]
+            lane.done = wc.wr_id + 1
+            self.done_ns.append(now)
+            self.done_bytes.append(count * self.args.size)
+            if self.mark is not None and posted[-1] >= self.mark[0]:
+                self.mark[1].setdefault(lane.qp.qp_num, now)
+        state = self.stack.state(self.stack.lanes[0])
+        if not self.states or self.states[-1][1] != state:
+            self.states.append((now, state))
+        return len(wcs)
+
+    def check_mark(self) -> None:
+        if self.mark is None:
+            return
+        t0, firsts, deadline = self.mark
+        if len(firsts) == len(self.stack.lanes) or time.monotonic() > deadline or self.errors:
+            times = sorted(firsts.values())
+            events = [(arrived, seen) for arrived, seen, state in self.stack.nic_events if arrived >= t0]
+            say(
+                resumed=len(times) == len(self.stack.lanes),
+                first_ns=times[0] if times else None,
+                all_ns=times[-1] if times else None,
+                median_ns=times[len(times) // 2] if times else None,
+                qps=len(times),
+                nic_event=events[0] if events else None,
+                errors=self.errors[:5],
+            )
+            self.mark = None
+
+    def burst(self, seconds: float) -> None:
+        start_bytes, start = sum(self.done_bytes), time.monotonic()
+        self.streaming = True
+        while time.monotonic() - start < seconds and not self.errors:
+            self.poll(wait=not self.fill())
+        self.streaming = False
+        while any(lane.done < lane.posted for lane in self.stack.lanes) and not self.errors:
+            self.poll(wait=True)
+        say(
+            burst=sum(self.done_bytes) - start_bytes, seconds=time.monotonic() - start, errors=self.errors[:5]
+        )
+
+    def ping(self, count: int) -> None:
+        lane = self.stack.lanes[0]
+        halves = []
+        for _ in range(count):
+            wr = SendWR(wr_id=PING_WR, opcode=e.IBV_WR_SEND_WITH_IMM, sg=self.stack.sge, imm_data=PING)
+            before, target = time.monotonic_ns(), self.pings + 1
+            lane.qp.post_send(wr)
+            while self.pings < target and not self.errors:
+                self.poll(wait=True)
+            halves.append((time.monotonic_ns() - before) / 2e9)
+        say(ping=halves, errors=self.errors[:5])
+
+    def run(self, orders: Orders) -> None:
+        while True:
+            posted = self.streaming and self.fill()
+            busy = self.poll(wait=not posted and self.streaming) > 0 or posted
+            self.check_mark()
+            self.stack.answer_pending()
+            order = orders.next(0 if busy or self.streaming or self.mark else 0.01)
+            if order is None:
+                continue
+            if "stream" in order:
+                self.streaming = True
+            elif "mark" in order:
+                self.mark = (int(order["mark"]), {}, time.monotonic() + ANSWER_WITHIN)
+                self.post_beyond_window()
+            elif "settled" in order or "nic" in order:
+                self.stack.expect(order)
+            elif "burst" in order:
+                self.burst(float(order["burst"]))
+            elif "ping" in order:
+                self.ping(int(order["ping"]))
+            elif "stop" in order:
+                self.stop(bool(order.get("timeline")))
+                return
+
+    def stop(self, timeline: bool) -> None:
+        self.streaming = False
+        deadline = time.monotonic() + 10
+        while any(lane.done < lane.posted for lane in self.stack.lanes) and time.monotonic() < deadline:
+            if not self.errors:
+                self.poll(wait=True)
+        say(
+            done=True,
+            completed=sum(lane.done for lane in self.stack.lanes),
+            states=self.stack.states(),
+            errors=self.errors[:10],
+            timeline={"ns": list(self.done_ns), "bytes": list(self.done_bytes)} if timeline else None,
+            transitions=self.states,
+            nic_events=self.stack.nic_events,
+            rss=rss_kib(),
+        )
+
+
+def run_receiver(stack: Stack, orders: Orders) -> None:
+    """Re-post receives and answer pings (send mode); otherwise only wait: the threads do the work."""
+    errors: list[str] = []
+    received = 0
+    while True:
+        order = orders.next(0 if stack.args.mode == "send" else 0.05)
+        if order is not None and "stop" in order:
+            break
+        if order is not None and "settled" in order:
+            stack.expect(order)
+        stack.answer_pending()
+        if stack.args.mode != "send":
+            continue
+        wcs = stack.poll(wait=True)
+        for wc in wcs:
+            if wc.status != e.IBV_WC_SUCCESS:
+                errors.append(f"qp {wc.qp_num} wr {wc.wr_id}: {e.ibv_wc_status(wc.status).name}")
+                continue
+            if wc.opcode != e.IBV_WC_RECV:
+                continue
+            lane = stack.by_qpn[wc.qp_num]
+            stack.post_recv(lane)
+            received += 1
+            if wc.imm_data == PING and wc.wc_flags & e.IBV_WC_WITH_IMM:
+                lane.qp.post_send(SendWR(wr_id=PING_WR, opcode=e.IBV_WR_SEND, sg=stack.sge))
+    say(done=True, received=received, states=stack.states(), errors=errors[:10], rss=rss_kib())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("role", choices=["sender", "receiver"])
+    parser.add_argument("--mode", choices=sorted(OPCODES), default="send")
+    parser.add_argument("--plain", action="store_true", help="bare tcp-provider objects, no failover")
+    parser.add_argument("--qps", type=int, default=1)
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--window", type=int, default=16, help="outstanding WRs per QP")
+    parser.add_argument("--signal-every", type=int, default=1)
+    parser.add_argument("--block", action="store_true", help="wait on a completion channel, not busy")
+    parser.add_argument("--timeout", type=int, default=QPAttr.timeout)
+    parser.add_argument("--retry-cnt", type=int, default=QPAttr.retry_cnt)
+    args = parser.parse_args()
+    logging.basicConfig(level=os.environ.get("SHIFT_BENCH_LOG", "WARNING"), stream=sys.stderr)
+    stack = Stack(args)
+    say(
+        endpoints=[lane.qp.endpoint().to_json() for lane in stack.lanes],
+        addr=stack.mr.buf,
+        rkey=stack.mr.rkey,
+        rss=[stack.base_rss, rss_kib()],
+    )
+    peer = json.loads(sys.stdin.readline())
+    started = time.monotonic()
+    stack.connect(peer)
+    say(connected=True, states=stack.states(), connected_s=time.monotonic() - started)
+    orders = Orders()
+    if args.role == "sender":
+        Sender(stack, (peer["addr"], peer["rkey"]), args.signal_every).run(orders)
+    else:
+        run_receiver(stack, orders)
+    stack.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Many QPs on one NIC failing over at once: the time until all carry traffic again, and what a backup costs.
+
+On a 2x2 lab, h0 opens --qps shift QPs (default 1000) on mlx5_0 to h1, one CQ for all, and streams
+RDMA_WRITEs of 4 KiB round-robin, 1 outstanding per QP. Each trial takes h0's port on the rail-0 switch
+down (t0: just before the netlink request is sent) and times, for every QP, the first successful completion
+of a WR posted after t0 (it can only have gone over the backup): the first QP, the median QP and the last
+QP, i.e. when all carry traffic again. The port then comes back and all QPs fail back before the next trial.
+
+Memory: the same program with the bare provider's QPs (--plain: no backup QP, no control MRs, no shiftd)
+gives the baseline; the resident memory the QPs add (after connecting and streaming), shift minus plain,
+divided by the QP count, is what each backup costs (backup QP, its connection, control MRs, ledger).
+
+    sudo .venv/bin/python bench/many_qp_failover.py [--qps 1000] [--trials 3]
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from failover_lab import Pair, arguments, lab_for, progress, save, summary, switch_port
+
+from shiftd.lab import Lab
+
+STREAM = ("--mode", "write", "--size", "4096", "--window", "1")
+
+
+def memory(lab: Lab, qps: int, plain: bool) -> dict[str, float]:
+    """KiB of resident memory the QPs add on each side, connected and after a short stream."""
+    with Pair(lab, *STREAM, "--qps", str(qps), *(["--plain"] if plain else [])) as pair:
+        pair.sender.ask("burst", burst=1.0)
+        return added_rss(pair, pair.stop())
+
+
+def added_rss(pair: Pair, done: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, float]:
+    """KiB each side's QPs added: resident memory at the end less that before the QPs were made."""
+    return {
+        host: end["rss"] - ends["rss"][0]
+        for host, end, ends in zip(("h0", "h1"), done, pair.created, strict=True)
+    }
+
+
+def failovers(lab: Lab, qps: int, trials: int) -> tuple[list[dict[str, float]], float, dict[str, float]]:
+    samples = []
+    progress(f"connecting {qps} shift QPs...")
+    with Pair(lab, *STREAM, "--qps", str(qps), connect_timeout=600) as pair:
+        connect_s = max(end["connected_s"] for end in pair.connected)
+        pair.sender.send(stream=True)
+        pair.settle()
+        for i in range(trials):
+            t0 = switch_port(lab, "h0", up=False)
+            resumed = pair.sender.ask("resumed", mark=t0, timeout=120)
+            if not resumed["resumed"]:
+                raise SystemExit(f"trial {i + 1}: only {resumed['qps']} of {qps} QPs resumed: {resumed}")
+            samples.append({k: (resumed[f"{k}_ns"] - t0) / 1e6 for k in ("first", "median", "all")})
+            switch_port(lab, "h0", up=True)
+            pair.settle()
+            progress(f"{qps} QPs: trial {i + 1}/{trials}, all resumed after {samples[-1]['all']:.1f} ms")
+        done = pair.stop()
+    errors = done[0]["errors"] + done[1]["errors"]
+    if errors:
+        raise SystemExit(f"errors reached the application: {errors}")
+    return samples, connect_s, added_rss(pair, done)
+
+
+def print_table(
+    qps: int, samples: list[dict[str, float]], connect_s: float, rss: dict[str, dict[str, float]]
+) -> None:
+    print(f"\n{qps} QPs on mlx5_0 failing over at once")
+    print("t0 = the netlink request that takes h0's switch port down (ms, CLOCK_MONOTONIC)\n")
+    header = f"{'time from t0 until ... (ms)':40} {'median':>9} {'p99':>9} {'max':>9}"
+    print(header)
+    print("-" * len(header))
+    labels = {
+        "first": "the first QP carries traffic again",
+        "median": "half of the QPs do",
+        "all": "all QPs do",
+    }
+    for key, label in labels.items():
+        stats = summary([s[key] for s in samples])
+        print(f"{label:40} {stats['median']:9.1f} {stats['p99']:9.1f} {stats['max']:9.1f}")
+    print(f"\nconnecting the {qps} shift QPs (backup lookups included): {connect_s:.1f} s\n")
+    header = f"{'resident memory of the QPs (KiB)':40} {'plain':>9} {'shift':>9} {'per backup':>11}"
+    print(header)
+    print("-" * len(header))
+    for host in ("h0", "h1"):
+        plain, shift = rss["plain"][host], rss["shift"][host]
+        role = f"{host} ({'sender' if host == 'h0' else 'receiver'})"
+        print(f"{role:40} {plain:9.0f} {shift:9.0f} {(shift - plain) / qps:11.1f}")
+
+
+def main() -> int:
+    parser = arguments(__doc__.splitlines()[0], trials=3)
+    parser.add_argument("--qps", type=int, default=1000, help="QPs on the one NIC (default 1000)")
+    args = parser.parse_args()
+    rss: dict[str, Any] = {}
+    with lab_for(args) as lab:
+        progress(f"baseline: {args.qps} plain QPs...")
+        rss["plain"] = memory(lab, args.qps, plain=True)
+        samples, connect_s, rss["shift"] = failovers(lab, args.qps, args.trials)
+    print(file=sys.stderr)
+    print_table(args.qps, samples, connect_s, rss)
+    save(args, {"qps": args.qps, "trials": samples, "connect_s": connect_s, "rss_kib": rss})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The failover benchmarks run end to end in a tiny configuration, so that they do not rot.
+
+One 2x2 lab for the module (prefix "fb"); each benchmark runs as the user runs it, with --lab naming that lab
+and its JSON written to the test's directory. The checks are on what each benchmark measured, not on the
+figures' targets (this machine is shared and noisy): a time is positive and bounded, every QP resumed, the
+plot is a PNG, the table has its rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from labs import running_lab
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(180)]
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with running_lab("fb", hosts=2, nics=2) as lab:
+        yield lab
+
+
+def bench(lab, tmp_path: Path, script: str, *args: str) -> tuple[str, dict]:
+    """Run bench/`script` on the lab; its table (stdout) and its JSON results."""
+    out = tmp_path / f"{script}.json"
+    result = subprocess.run(
+        [sys.executable, str(BENCH / f"{script}.py"), "--lab", lab.name, "--json", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, json.loads(out.read_text())
+
+
+def test_failover_downtime(lab, tmp_path: Path) -> None:
+    table, results = bench(lab, tmp_path, "failover_downtime", "--trials", "2", "--modes", "send,read")
+    for mode in ("send", "read"):
+        samples = results["trials"][mode]
+        assert len(samples) == 2
+        for s in samples:  # after the link went down, and well inside the stream's life
+            assert 0 < s["downtime_ms"] < 5000, s
+            assert 0 < s["agent_ms"] < s["downtime_ms"], s  # the NIC event came first, then the traffic
+        assert any(line.startswith(mode) and "median < 1 ms" in line for line in table.splitlines())
+
+
+def test_blackhole_detection(lab, tmp_path: Path) -> None:
+    table, results = bench(lab, tmp_path, "blackhole_detection", "--trials", "1", "--settings", "12:3")
+    (sample,) = results["12:3"]
+    assert 67 < sample < 5000  # never before the ack deadline (4.096 us x 2^12 x 4 = 67 ms): no NIC saw it
+    assert "timeout 12, retry_cnt 3" in table and "NCCL defaults" in table
+
+
+def test_shift_overhead(lab, tmp_path: Path) -> None:
+    args = ("--rounds", "1", "--seconds", "0.3", "--pings", "30", "--bw-size", "65536")
+    table, results = bench(lab, tmp_path, "shift_overhead", *args)
+    for metric in ("bandwidth", "latency"):
+        for stack in ("plain", "shift"):
+            (value,) = results["runs"][metric][stack]
+            assert value > 0 and math.isfinite(value)
+    assert "bandwidth" in table and "half round trip" in table
+
+
+def test_many_qp_failover(lab, tmp_path: Path) -> None:
+    table, results = bench(lab, tmp_path, "many_qp_failover", "--qps", "8", "--trials", "1")
+    (trial,) = results["trials"]
+    assert 0 < trial["first"] <= trial["median"] <= trial["all"] < 10000, trial
+    rss = results["rss_kib"]
+    assert rss["shift"]["h0"] > 0 and rss["plain"]["h0"] > 0
+    assert "all QPs do" in table and "per backup" in table
+
+
+def test_failover_throughput(lab, tmp_path: Path) -> None:
+    png = tmp_path / "throughput.png"
+    args = ("--before", "0.5", "--during", "0.5", "--after", "0.3", "--png", str(png))
+    table, results = bench(lab, tmp_path, "failover_throughput", *args)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    marks = results["marks_s"]
+    assert marks["link down"] < marks["resumed on backup"] < marks["link up"] < marks["back on mlx5_0"]
+    assert len(results["completions_s"]) > 10
+    assert "throughput gap at the failure" in table
