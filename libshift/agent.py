@@ -29,6 +29,7 @@ log = logging.getLogger("libshift.agent")
 
 DEFAULT_SOCKET = "/run/shift/shiftd.sock"
 CALL_TIMEOUT = 5.0
+MAPPINGS_PER_CALL = 4096  # shiftd refuses larger Publish calls (shiftd.agents.MAX_MAPPINGS_PER_CALL)
 RECONNECT_INITIAL = 0.05
 RECONNECT_MAX = 2.0
 
@@ -233,8 +234,13 @@ class Agent:
         self._agent_id, self.host = reply.agent_id, reply.host
         with self._lock:
             qps, mrs = list(self._qps.values()), list(self._mrs.values())
-        if qps or mrs:  # a restarted daemon knows nothing of us: publish everything again
-            self._call("Publish", agent_pb2.PublishRequest(agent_id=self._agent_id, qps=qps, mrs=mrs))
+        # a restarted daemon knows nothing of us: publish everything again, as many calls as it takes
+        for start in range(0, len(qps), MAPPINGS_PER_CALL):
+            chunk = qps[start : start + MAPPINGS_PER_CALL]
+            self._call("Publish", agent_pb2.PublishRequest(agent_id=self._agent_id, qps=chunk))
+        for start in range(0, len(mrs), MAPPINGS_PER_CALL):
+            chunk = mrs[start : start + MAPPINGS_PER_CALL]
+            self._call("Publish", agent_pb2.PublishRequest(agent_id=self._agent_id, mrs=chunk))
         self._registered.set()
 
     def _start_events(self) -> None:

@@ -6,7 +6,7 @@ import signal
 import pytest
 from waiting import wait_until
 
-from libshift.agent import Agent
+from libshift.agent import MAPPINGS_PER_CALL, Agent
 from libshift.api.shift.v1 import admin_pb2, common_pb2
 from libshift.verbs.attrs import Endpoint
 
@@ -64,12 +64,16 @@ def test_agent_survives_a_daemon_restart_and_republishes(daemon):
     agent = Agent.connect(daemon.socket, name="long-lived")
     try:
         agent.publish_qp(endpoint(21), endpoint(22, device="mlx5_1"))
+        for rkey in range(1, MAPPINGS_PER_CALL + 10):  # more than one Publish call may carry
+            agent.publish_mr("::ffff:127.0.0.1", rkey, "::ffff:127.0.0.2", rkey + 1)
         daemon.stop(signal.SIGKILL)
         daemon.start()
         assert wait_until(lambda: agent.reconnects >= 1, timeout=15)
         with daemon.channel() as channel:  # the new daemon knows the mapping: it was published again
             agents = daemon.admin(channel).Status(admin_pb2.StatusRequest(), timeout=10).agents
-        assert [(x.name, x.qp_mappings) for x in agents] == [("long-lived", 1)]
+        assert [(x.name, x.qp_mappings, x.mr_mappings) for x in agents] == [
+            ("long-lived", 1, MAPPINGS_PER_CALL + 9)
+        ]
         with Agent.connect(daemon.socket, name="other") as other:
             assert other.lookup_qp("::ffff:127.0.0.1", 21, wait=10) == endpoint(22, device="mlx5_1")
         assert wait_until(lambda: agent.nic_state("mlx5_0") == common_pb2.NIC_STATE_UP)

@@ -147,3 +147,10 @@ def test_an_agent_reports_only_for_itself(table):
         agents.record_switch("nobody", ALICE, switch(FAILOVER, "mlx5_0", "mlx5_1"))
     assert unknown.value.code == "NOT_FOUND"
     assert agents.qps_on_backup("mlx5_0") == 0
+
+
+def test_the_agent_splits_its_publishes_at_the_daemons_limit():
+    from libshift.agent import MAPPINGS_PER_CALL
+    from shiftd.agents import MAX_MAPPINGS_PER_CALL
+
+    assert MAPPINGS_PER_CALL == MAX_MAPPINGS_PER_CALL
