@@ -34,8 +34,15 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(PY) scripts/genproto.py
 
+# the tables of the issue notes; bench/soak.py (10 min) and bench/many_qp_failover.py run on their own
 bench: setup
 	$(PY) bench/nic_event_latency.py
+	$(PY) bench/perf_tcp_provider.py
+	$(PY) bench/failover_downtime.py
+	$(PY) bench/blackhole_detection.py
+	$(PY) bench/shift_overhead.py
+	$(PY) bench/collectives_bw.py
+	$(PY) bench/gpt2_step_time.py
 
 install:
 	bash scripts/install.sh
