@@ -9,8 +9,12 @@ it is a plain context and says once why.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import threading
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from libshift.agent import Agent
@@ -29,6 +33,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("libshift.shift")
 CONTROL_CQE = 1 << 16
 WATCH_PERIOD = 0.25  # the watcher also polls this often, so nothing waits on a missed wake-up
+SCAN_PERIOD = 0.01  # the backup watcher reads the QPs' control messages at most this often (and at least
+# every WATCH_PERIOD): with a thousand QPs a scan on every wake-up of a failover cost more than the failover
+BACKUP_PERIOD = 1e-3  # a poll looks at the backup path this often while it carries nothing ...
+BACKUP_HOT = 0.05  # ... and on every poll for this long after it last moved
+SERVE_GRACE = 0.01  # the default path's watcher keeps off its channel this long after an application wait
+HANDOFF = 1e-3  # the longest wait on a channel another thread may take our event from
 _told: set[str] = set()
 
 
@@ -55,7 +65,14 @@ class ShiftContext:
         self.control_cq: CQ | None = None  # receive CQ of every backup QP (notifications first)
         self._closing = threading.Event()
         self._watchers: list[threading.Thread] = []
+        self._backup_next = self._backup_hot = 0.0  # see progress()
+        self._scanned = 0.0  # when the backup watcher last read the control messages
+        self._servers: set[int] = set()  # application threads waiting on the default path's channel
+        self._served = -WATCH_PERIOD  # when the last of them stopped waiting
+        self._waiting: set[str] = set()  # the paths whose watcher waits on its channel now
         self._own_agent = False  # an agent handed in is the caller's to close
+        self._reports: queue.SimpleQueue[common_pb2.FailoverReport | None] = queue.SimpleQueue()
+        self._reporter: threading.Thread | None = None
         why = self._open_backup(agent)
         if why:
             _tell_once(f"{name}: no failover ({why}); running as a plain context")
@@ -80,6 +97,9 @@ class ShiftContext:
         self.keys = RemoteKeys(self.agent)
         self.control_cq = CQ(self.backup, CONTROL_CQE, channel=self.watch(BACKUP))
         self.agent.add_listener(self._on_nic)
+        self._reporter = threading.Thread(target=self._send_reports, name=f"libshift-{self.name}-reports")
+        self._reporter.daemon = True
+        self._reporter.start()
         return None
 
     @property
@@ -91,29 +111,95 @@ class ShiftContext:
 
     # -- progress ------------------------------------------------------------------------------------------
 
-    def progress(self) -> None:
-        """Take every completion out of the provider CQs and hand it to its QP."""
-        with self.lock:
-            for cq in self.cqs:
-                self._drain(cq.primary, PRIMARY)
-                if cq.backup is not None:
-                    self._drain(cq.backup, BACKUP)
-            if self.control_cq is not None:
-                self._drain(self.control_cq, BACKUP)
+    def progress(self, everything: bool = False) -> None:
+        """Take the completions out of the provider CQs and hand each to its QP.
+
+        A provider CQ found empty costs a pass of its device's engine; the backup path's CQs (the twins and
+        the control CQ) made a busy poll cost three passes where a bare CQ costs one. So, unless told to look
+        at `everything` (the watchers, woken by the backup path), a poll looks at the backup path only while
+        it carries traffic (it moved in the last BACKUP_HOT s) and otherwise every BACKUP_PERIOD.
+
+        The lock is taken per batch of completions, not for the whole pass: when a thousand QPs switch at
+        once, the application posts on the QPs already resumed while the others are still being handled."""
+        now = time.monotonic()
+        backup = self.backup is not None and (everything or now >= self._backup_next)
+        moved = False
+        for cq in list(self.cqs):
+            self._drain(cq.primary, PRIMARY)
+            if backup and cq.backup is not None:
+                moved |= self._drain(cq.backup, BACKUP)
+        if backup and self.control_cq is not None:
+            moved |= self._drain(self.control_cq, BACKUP)
+        if moved:
+            self._backup_hot = now + BACKUP_HOT
+        if backup:
+            self._backup_next = now + (0.0 if now < self._backup_hot else BACKUP_PERIOD)
 
     def drain(self, cq: CQ, path: str) -> None:
-        with self.lock:
-            self._drain(cq, path)
+        self._drain(cq, path)
 
-    def _drain(self, cq: CQ, path: str) -> None:
+    def _drain(self, cq: CQ, path: str) -> bool:
+        """Hand every completion of `cq` to its QP, a batch at a time under the lock; whether any came."""
+        got = False
         while True:
-            count, wcs = cq.poll(32)
-            for wc in wcs:
-                qp = self.qps.get((path, wc.qp_num))
-                if qp is not None:
-                    qp.on_wc(wc, path)
+            with self.lock:
+                count, wcs = cq.poll(32)
+                for wc in wcs:
+                    qp = self.qps.get((path, wc.qp_num))
+                    if qp is not None:
+                        qp.on_wc(wc, path)
+            got = got or count > 0
             if count < 32:
-                return
+                return got
+
+    # -- blocking waits ------------------------------------------------------------------------------------
+
+    def serve(self, limit: float | None, ready: Callable[[], bool]) -> bool:
+        """Wait for the default path's next completion event on the caller's thread, and make progress on
+        it there, as a bare provider channel does (leader/follower): no watcher thread and no second channel
+        between the wire and the waiting application, which cost two thread hops per completion.
+
+        Returns at once when `ready()` (after a progress pass); False, without waiting, while traffic is on
+        the backup path, whose watcher then raises the events."""
+        channel = self.channels.get(PRIMARY)
+        if channel is None or time.monotonic() < self._backup_hot:
+            return False
+        me = threading.get_ident()
+        with self.lock:
+            self._servers.add(me)
+            for cq in self._armable(PRIMARY):
+                cq.req_notify()
+            self.progress()
+            shared = PRIMARY in self._waiting or len(self._servers) > 1
+        try:
+            if ready():
+                return True
+            # another thread on the channel may take our event; a provider that cannot cut a wait short
+            # (wake()) would leave us waiting for an event raised by another thread
+            wakeable = hasattr(channel.impl, "wake")
+            slice_ = HANDOFF if shared or not wakeable else WATCH_PERIOD
+            with contextlib.suppress(TimeoutError):
+                channel.get_cq_event(timeout=slice_ if limit is None else min(limit, slice_))
+            self.progress()
+        finally:
+            with self.lock:
+                self._servers.discard(me)
+                self._served = time.monotonic()
+        return True
+
+    def wake_servers(self) -> None:
+        """A completion for a waiting application thread was made on another thread: end its wait now."""
+        if self._servers - {threading.get_ident()}:
+            wake = getattr(self.channels[PRIMARY].impl, "wake", None)
+            if wake is not None:
+                wake()
+
+    def _resting(self) -> float:
+        """How long the default path's watcher keeps off its channel: an application thread waits there
+        now, or did within SERVE_GRACE (two waiters on one channel take each other's events)."""
+        if self._servers:
+            return SERVE_GRACE
+        return self._served + SERVE_GRACE - time.monotonic()
 
     def watch(self, path: str) -> CompChannel:
         """The provider channel of `path`, with a watcher thread that makes progress whenever a CQ armed on
@@ -134,20 +220,37 @@ class ShiftContext:
     def _watch(self, path: str) -> None:
         channel = self.channels[path]
         while not self._closing.is_set():
+            rest = self._resting() if path == PRIMARY else 0.0
+            if rest > 0:
+                self._closing.wait(rest)
+                continue
             try:
                 with self.lock:
                     for cq in self._armable(path):
                         cq.req_notify()
-                    self.progress()
-                    if path == BACKUP:
-                        for qp in set(self.qps.values()):
-                            qp.read_messages()
+                self.progress(everything=True)
+                if path == BACKUP:
+                    self._scan()
             except VerbsError as exc:  # a refused control verb: say so, keep watching the other QPs
                 log.warning("%s: %s", self.name, exc)
+            self._waiting.add(path)
             try:
                 channel.get_cq_event(timeout=WATCH_PERIOD)
             except TimeoutError:
                 continue
+            finally:
+                self._waiting.discard(path)
+
+    def _scan(self) -> None:
+        """Act on the control messages (REARM/ARMED: writes, which raise no completion), at most every
+        SCAN_PERIOD."""
+        now = time.monotonic()
+        if now - self._scanned >= SCAN_PERIOD:
+            self._scanned = now
+            with self.lock:
+                qps = set(self.qps.values())
+            for qp in qps:
+                qp.read_messages()  # under the lock, one QP at a time
 
     def _armable(self, path: str) -> list[CQ]:
         """The provider CQs of `path` that report to its watcher's channel."""
@@ -155,29 +258,47 @@ class ShiftContext:
         return [cq for cq in (*found, self.control_cq if path == BACKUP else None) if cq is not None]
 
     def _on_nic(self, event: common_pb2.NicEvent) -> None:
-        """shiftd's word on our default device: DOWN is the fastest of the three detections, UP starts
-        the failback."""
-        if event.device != self.name:
+        """shiftd's word on our devices: the default's DOWN is the fastest of the three detections, its UP
+        starts the failback; the backup's DOWN matters while traffic is on it."""
+        down, up = event.state == common_pb2.NIC_STATE_DOWN, event.state == common_pb2.NIC_STATE_UP
+        backup = self.backup is not None and event.device == self.backup.name
+        if event.device != self.name and not (backup and down):
             return
         with self.lock:
-            for qp in set(self.qps.values()):
-                if event.state == common_pb2.NIC_STATE_DOWN:
+            qps = set(self.qps.values())
+        for qp in qps:  # the lock per QP: with a thousand QPs the first moves at once, not after the last
+            with self.lock:
+                if backup:
+                    qp.backup_down()
+                elif down:
                     qp.nic_down()
-                elif event.state == common_pb2.NIC_STATE_UP:
+                elif up:
                     qp.nic_up()
 
     def default_nic_up(self) -> bool:
         return self.agent is not None and self.agent.nic_state(self.name) == common_pb2.NIC_STATE_UP
 
     def report(self, report: common_pb2.FailoverReport) -> None:
-        """Tell shiftd off the data path: the call may take a while and never matters to the traffic."""
-        if self.agent is not None:
-            threading.Thread(target=self.agent.report, args=(report,), daemon=True).start()
+        """Tell shiftd off the data path: the call may take a while and never matters to the traffic.
+
+        A queue put, for the one reporter thread: starting a thread per report cost ~2 ms under the context
+        lock on a busy host (Thread.start waits for the new thread to get the interpreter), which delayed
+        the switch itself, and a thread per QP when many QPs switch at once."""
+        if self._reporter is not None:
+            self._reports.put(report)
+
+    def _send_reports(self) -> None:
+        assert self.agent is not None
+        while (report := self._reports.get()) is not None:
+            self.agent.report(report)  # never raises
 
     def close(self) -> None:
         self._closing.set()
         for watcher in self._watchers:
             watcher.join(timeout=2)
+        if self._reporter is not None:
+            self._reports.put(None)  # after the reports already queued
+            self._reporter.join(timeout=2)
         if self.agent is not None:
             self.agent.remove_listener(self._on_nic)
             if self._own_agent:

@@ -7,6 +7,7 @@ provider CQs and hand it to its QP, which releases completions to the applicatio
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -66,6 +67,8 @@ class ShiftCQ:
 
     def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:
         self.ctx.progress()
+        if not self.ready:  # the common busy poll: no second trip through the lock
+            return 0, []
         with self.ctx.lock:
             count = min(num_entries, len(self.ready))
             wcs = [self.ready.popleft() for _ in range(count)]
@@ -83,8 +86,9 @@ class ShiftCQ:
 class ShiftCompChannel:
     """Blocking waits for ShiftCQs: arm a CQ with req_notify(), then get_cq_event(), as with CompChannel.
 
-    The events come from the context's watcher threads, which make progress as soon as a provider CQ of a
-    channel-bound ShiftCQ gets a completion on either path.
+    The waiting thread itself waits on the default path's provider channel and makes progress on what
+    comes (ShiftContext.serve); while traffic is on the backup path, or when no thread waits, the context's
+    watcher threads make progress and raise the events.
     """
 
     def __init__(self, ctx: ShiftContext) -> None:
@@ -96,13 +100,21 @@ class ShiftCompChannel:
         with self._cond:
             self._events.append(cq)
             self._cond.notify()
+        self.ctx.wake_servers()
 
     def get_cq_event(self, cq: ShiftCQ | None = None, timeout: float | None = None) -> ShiftCQ:
         """Block until an armed CQ of this channel gets a completion; TimeoutError after `timeout` s."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._events, timeout):
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._cond:
+                if self._events:
+                    return self._events.popleft()
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
                 raise TimeoutError(f"no completion event within {timeout} s")
-            return self._events.popleft()
+            if not self.ctx.serve(left, lambda: bool(self._events)):
+                with self._cond:
+                    self._cond.wait_for(lambda: self._events, left)
 
     def close(self) -> None:
         """Nothing to release: the channel is plain memory."""

@@ -4,7 +4,7 @@ The notification: an RDMA_WRITE_WITH_IMM whose immediate is our count of complet
 sent on the path being switched to, and lands in a control receive that each side keeps at the head of that
 path's receive queue, so it never lands in an application buffer.
 
-Messages: "re-arm path P" / "P is armed" (before a failback, and to make the backup ready again after one)
+Messages: "re-arm path P" / "P is armed" (before a failback: the requester arms its side on the answer)
 travel as a plain 16-byte RDMA_WRITE (the word and its complement, so a torn read is never taken for a
 message) on the path in use, into the peer's control MR for that path; they consume no receive, so they
 never disturb the application's receive queue. The watcher thread reads the word. A probe (a zero-byte
@@ -36,7 +36,7 @@ PATHS = (PRIMARY, BACKUP)
 
 
 class Kind(enum.IntEnum):
-    REARM = 1  # "I have re-armed path P: do the same"
+    REARM = 1  # "re-arm path P; I will arm mine when you say it is armed"
     ARMED = 2  # "path P is armed here too"
 
 

@@ -225,8 +225,10 @@ class ShiftQP:
         self.armed[path] = True
 
     def _request_rearm(self, path: str) -> None:
-        """Re-arm `path` here and ask the peer to do the same (its answer comes as an ARMED message)."""
-        self._arm(path)
+        """Ask the peer to re-arm `path`; we arm ours when it answers ARMED. Each side arms once per request,
+        the peer first, so the connection one side makes is the one the other's armed QP takes (arming
+        first here and again on a crossing request from the peer would drop a connection already made)."""
+        self.armed[path] = False
         self._epoch += 1
         self._message(Message(Kind.REARM, path, self._epoch))
 
@@ -245,9 +247,12 @@ class ShiftQP:
                     continue
                 self._seen[path] = message
                 if message.kind == Kind.REARM and message.path != self.current:
+                    if message.path == PRIMARY and not self.ctx.default_nic_up():
+                        continue  # our default NIC is still down: its NIC UP will ask for the re-arm
                     self._arm(message.path)
                     self._message(Message(Kind.ARMED, message.path, message.epoch))
                 elif message == Message(Kind.ARMED, PRIMARY, self._epoch) and self.state == State.FALLBACK:
+                    self._arm(PRIMARY)
                     notify.probe(self.primary, self._targets[PRIMARY])
 
     def nic_down(self) -> None:
@@ -429,6 +434,10 @@ class ShiftQP:
         reason, started, moved, left = self._switch
         names = {PRIMARY: self.ctx.name, BACKUP: self.ctx.backup.name if self.ctx.backup else ""}
         failback = self.current == PRIMARY
+        if failback:  # ready for the next failure before saying we are back: both sides arm it once here
+            self._arm(BACKUP)
+        elif reason == "nic_event" and self.ctx.default_nic_up():
+            self._request_rearm(PRIMARY)  # the NIC came back while we were switching away from it
         self.ctx.report(
             common_pb2.FailoverReport(
                 kind=common_pb2.FAILOVER_KIND_FAILBACK if failback else common_pb2.FAILOVER_KIND_FAILOVER,
@@ -442,7 +451,3 @@ class ShiftQP:
                 time_unix_nanos=time.time_ns(),
             )
         )
-        if failback and reason != "peer_notification":
-            self._request_rearm(BACKUP)  # ready for the next failure
-        elif reason == "nic_event" and self.ctx.default_nic_up():
-            self._request_rearm(PRIMARY)  # the NIC came back while we were switching away from it

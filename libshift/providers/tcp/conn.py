@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from libshift.providers.tcp import wire
-from libshift.providers.tcp.engine import Engine
+from libshift.providers.tcp.engine import STAGING, Engine
 
 Buffers = list[memoryview]
 READ_BUDGET = 4 << 20  # bytes per wake-up before other sockets get their turn
-STAGING = 1 << 16
 DIRECT = 1 << 14
+_NOTHING = memoryview(b"")
 
 
 class Sink(Protocol):
@@ -54,7 +54,7 @@ class Connection:
         self._targets: list[memoryview] = []
         self._left = 0
         self._placing = False
-        self._rx_view = memoryview(bytearray(STAGING))
+        self._rx_view = _NOTHING  # staged input not parsed yet is _rx_view[_rx_pos:_rx_end]
         self._rx_pos = self._rx_end = 0
         engine.watch(sock.fileno(), selectors.EVENT_READ, self._ready, sink.on_engine_error)
 
@@ -143,18 +143,30 @@ class Connection:
                 self._note_bulk()
                 self.sink.after_input(self)
 
+    def read_pending(self) -> None:
+        """Read what the socket holds now, as epoll would have reported it; for a deadline that falls due
+        while the engine was busy with other sockets (with a thousand of them, one epoll wait does not even
+        return them all), so that an ack already here is not missed."""
+        self._ready(selectors.EVENT_READ)
+
     def _read(self) -> None:
         """Parse frames from a small staging buffer; large payloads bypass it and land straight in place.
 
         One recv brings many small frames (headers, acks, short messages) at once, which matters more than a
         copy of a few bytes; a payload of DIRECT bytes or more is read by recv_into the target memory itself.
         """
+        try:
+            self._parse()
+        finally:
+            self._unstage()
+
+    def _parse(self) -> None:
         budget = READ_BUDGET
         drained = False  # a small read came back short: the socket is empty (epoll reports the rest later)
         while budget > 0 and not self.closed:
             if self._rx_pos == self._rx_end:
                 if self._frame is not None and self._left >= DIRECT:  # a stream: read on while it flows
-                    view = self._targets[0] if self._placing else self._rx_view
+                    view = self._targets[0] if self._placing else self._stage()
                     got = self._recv(view[: self._left])
                     if got is None:
                         return
@@ -163,7 +175,7 @@ class Connection:
                     continue
                 if drained:
                     return  # saves a recv that would only say EAGAIN, on every small message
-                got = self._recv(self._rx_view)
+                got = self._recv(self._stage())
                 if got is None:
                     return
                 drained = got < STAGING
@@ -191,6 +203,28 @@ class Connection:
                 self._targets[0][:take] = self._rx_view[self._rx_pos : self._rx_pos + take]
             self._rx_pos += take
             self._consume(take)
+
+    def _stage(self) -> memoryview:
+        """The buffer to read into: the engine's staging buffer, shared by its connections (reads run one at
+        a time, under the engine lock, and _unstage keeps what is left), so an idle connection holds none;
+        a thousand connections held 64 MiB before."""
+        engine = self.engine
+        if engine.staging_user in (None, self):
+            engine.staging_user = self
+            self._rx_view = engine.staging
+        else:  # a read nested in another connection's: never seen, but it must not share the buffer
+            self._rx_view = memoryview(bytearray(STAGING))
+        return self._rx_view
+
+    def _unstage(self) -> None:
+        """Give the engine's staging buffer back, keeping a copy of any input not parsed yet (a read that
+        used up its budget)."""
+        if self.engine.staging_user is not self:
+            return
+        self.engine.staging_user = None
+        rest = self._rx_view[self._rx_pos : self._rx_end]
+        self._rx_view = memoryview(bytes(rest)) if len(rest) else _NOTHING
+        self._rx_pos, self._rx_end = 0, len(rest)
 
     def _consume(self, got: int) -> None:
         """`got` payload bytes of the current frame have been placed (or dropped)."""

@@ -29,6 +29,7 @@ class TcpChannel(ProviderChannel):
         self._events: deque[TcpCQ] = deque()
         self._leading = 0  # waiters of this channel that hold (or are about to take) the engine's lead
         self._poked = False  # the lead was released since the waiter last tried to take it
+        self._woken = False  # wake() was called: the next wait returns None at once
 
     def notify(self, cq: TcpCQ) -> None:
         with self._cond:
@@ -37,6 +38,16 @@ class TcpChannel(ProviderChannel):
             leading = self._leading
         if leading and not self._engine.leads_here():
             self._engine.wake()  # the waiter sleeps in epoll, not on the condition
+
+    def wake(self) -> None:
+        """Make the wait under way (or else the next one) return None now: what the waiter waits for came
+        by another way (a layer above made the completion on another thread)."""
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
+            leading = self._leading
+        if leading and not self._engine.leads_here():
+            self._engine.wake()
 
     def _poke(self) -> None:
         with self._cond:
@@ -53,7 +64,8 @@ class TcpChannel(ProviderChannel):
                 with self._cond:
                     if self._events:
                         return self._events.popleft()
-                    if left is not None and left <= 0:
+                    if self._woken or (left is not None and left <= 0):
+                        self._woken = False
                         return None
                     self._poked = False
                     self._leading += 1
@@ -64,7 +76,7 @@ class TcpChannel(ProviderChannel):
                         self._leading -= 1
                 if not led:
                     with self._cond:
-                        self._cond.wait_for(lambda: self._events or self._poked, left)
+                        self._cond.wait_for(lambda: self._events or self._poked or self._woken, left)
         finally:
             self._engine.unfollow(self._poke)
 

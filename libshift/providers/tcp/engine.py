@@ -29,6 +29,7 @@ Handler = Callable[[int], None]
 ErrorHandler = Callable[[BaseException], None]
 Poke = Callable[[], None]
 GRACE = 2e-3  # how long after an application thread last led the engine thread stays parked
+STAGING = 1 << 16  # the staging buffer the connections read small frames into (see Connection._stage)
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE  # the masks handlers see, as with selectors
 
 
@@ -46,6 +47,8 @@ class Engine:
         self._first_due = math.inf  # no timer is due before this
         self._sleep_until = 0.0  # when the current wait of the thread that fires the timers ends by itself
         self._errors: dict[int, ErrorHandler] = {}
+        self.staging = memoryview(bytearray(STAGING))
+        self.staging_user: object = None  # the connection reading into `staging` now
         self._stopping = self._closed = False
         self._lead = threading.Lock()
         self._leader = 0  # the ident of the thread holding the lead, 0 for none
@@ -229,13 +232,14 @@ class Engine:
         return self._app_led + GRACE - now
 
     def _park(self, aside: float | None) -> None:
-        """Sleep while the application drives progress; fire the timers that fall due if nobody leads."""
+        """Sleep while the application drives progress; if nobody leads when it ends, take what the sockets
+        hold, then fire the timers that fell due (firing them first could time out an ack already here)."""
         with self.lock:
             sleep = aside if self._leader else self._wait_for(aside)
         self._unpark.wait(None if sleep is None or sleep < 0 else sleep)
         if not self._leader and not self._stopping:
             with self.lock:
-                self._fire_timers()
+                self._dispatch(self._epoll.poll(0))
 
     # -- dispatch, on whichever thread leads --------------------------------------------------------------
 

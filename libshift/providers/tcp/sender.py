@@ -296,6 +296,9 @@ class Requester:
 
     def _check_deadline(self) -> None:
         self._timer_armed = False
+        conn = self.qp.conn
+        if self.deadline is not None and time.monotonic() >= self.deadline and conn is not None:
+            conn.read_pending()  # an ack already in the socket counts: the engine was busy elsewhere
         if self.deadline is None or not self.sq:
             return
         if time.monotonic() >= self.deadline:
