@@ -12,14 +12,10 @@ import argparse
 import contextlib
 import json
 import os
-import queue
 import socket
 import statistics
 import struct
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +27,7 @@ from shiftd import netns
 from shiftd.etcdproc import EtcdError
 from shiftd.fabric import FabricError
 from shiftd.lab import Lab, LabError
+from shiftd.labproc import LabProcess, LabProcessError
 
 PEER = str(Path(__file__).with_name("failover_peer.py"))
 OUT = Path(__file__).with_name("out")
@@ -73,6 +70,8 @@ def lab_for(args: argparse.Namespace) -> Iterator[Lab]:
         raise SystemExit(f"{me}: {exc}") from None
     try:
         yield lab
+    except LabProcessError as exc:  # a peer failed: its stderr says why, a traceback would not
+        raise SystemExit(f"{me}: {exc}") from None
     finally:
         if not args.lab:
             lab.down()
@@ -92,69 +91,17 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-class Peer:
+def start_peer(lab: Lab, host: str, args: list[str]) -> LabProcess:
     """failover_peer.py on a lab host, spoken to in JSON lines."""
-
-    def __init__(self, lab: Lab, host: str, args: list[str]) -> None:
-        argv, env = lab.exec_command(host, [sys.executable, PEER, *args])
-        self.host = host
-        # a file, not a pipe: a chatty peer never blocks on it; closed with the object
-        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-
-    def read(self, key: str, timeout: float = 60.0) -> dict[str, Any]:
-        """The next line that has `key` (others are skipped); SystemExit with the peer's stderr if none."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = json.loads(self.lines.get(timeout=max(0.0, deadline - time.monotonic())))
-            except queue.Empty:
-                raise SystemExit(
-                    f"{self.host}: no {key!r} within {timeout:g}s; stderr:\n{self.stderr()}"
-                ) from None
-            if key in line:
-                return line
-
-    def send(self, **fields: object) -> None:
-        assert self.proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):
-            self.proc.stdin.write(json.dumps(fields) + "\n")
-            self.proc.stdin.flush()
-
-    def ask(self, key: str, timeout: float = 60.0, **fields: object) -> dict[str, Any]:
-        self.send(**fields)
-        return self.read(key, timeout)
-
-    def stderr(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.seek(0)
-        return self.log.read()[-4000:]
-
-    def close(self) -> None:
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+    return LabProcess(lab, host, [sys.executable, PEER, *args])
 
 
 class Pair:
     """A connected sender (h0) and receiver (h1): `with Pair(lab, "--mode", "send") as pair: ...`."""
 
     def __init__(self, lab: Lab, *args: str, connect_timeout: float = 120.0) -> None:
-        self.sender = Peer(lab, "h0", ["sender", *args])
-        self.receiver = Peer(lab, "h1", ["receiver", *args])
+        self.sender = start_peer(lab, "h0", ["sender", *args])
+        self.receiver = start_peer(lab, "h1", ["receiver", *args])
         try:
             ends = (
                 self.sender.read("endpoints", connect_timeout),
@@ -186,15 +133,12 @@ class Pair:
         sent = self.sender.ask("done", stop=True, timeline=timeline)
         received = self.receiver.ask("done", stop=True)
         for peer in (self.sender, self.receiver):
-            peer.close()
+            peer.end()
         return sent, received
 
     def kill(self) -> None:
         for peer in (self.sender, self.receiver):
-            if peer.proc.poll() is None:
-                peer.proc.kill()
-                peer.proc.wait()
-            peer.log.close()
+            peer.end(grace=0)
 
     def __enter__(self) -> Pair:
         return self

@@ -39,6 +39,7 @@ from libshift.verbs import enums as e
 from shiftd import netns
 from shiftd.gid import gid_of_ipv4
 from shiftd.lab import Lab
+from shiftd.labproc import LabProcess, LabProcessError
 
 SYNTHETIC_QPN = 0x400000  # the synthetic mappings' QPNs start here, far above the provider's own
 SIZE = 256  # bytes a message
@@ -177,48 +178,9 @@ def worker(args: argparse.Namespace) -> int:
 # ---- the driver ----------------------------------------------------------------------------------
 
 
-class Worker:
-    """`soak.py worker` on a lab host, spoken to in JSON lines."""
-
-    def __init__(self, lab: Lab, host: str, argv: list[str], log: Path) -> None:
-        command, env = lab.exec_command(host, [sys.executable, __file__, "worker", *argv])
-        self.host = host
-        self.log = log
-        with open(log, "wb") as stderr:
-            self.proc = subprocess.Popen(
-                command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True
-            )
-        self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put("")
-
-    def read(self, key: str, timeout: float = 120.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                raise RuntimeError(f"worker on {self.host}: no {key!r} within {timeout:g}s") from None
-            if not line:
-                raise RuntimeError(f"worker on {self.host} ended: {self.log.read_text()[-2000:]}")
-            fields = json.loads(line)
-            if key in fields:
-                return fields
-
-    def send(self, **fields: object) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(fields) + "\n")
-        self.proc.stdin.flush()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+def start_worker(lab: Lab, host: str, argv: list[str], log: Path) -> LabProcess:
+    """`soak.py worker` on a lab host, spoken to in JSON lines; its stderr kept in `log`."""
+    return LabProcess(lab, host, [sys.executable, __file__, "worker", *argv], stderr_file=log, timeout=120.0)
 
 
 @dataclass
@@ -240,7 +202,7 @@ class Soak:
     agents: int
     mappings: int
     logs: Path
-    workers: list[Worker] = field(default_factory=list)
+    workers: list[LabProcess] = field(default_factory=list)
     faults: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -260,12 +222,12 @@ class Soak:
                     p == 0 and i ^ 1 < shape.hosts
                 )  # h0-h1, h2-h3, ...: a host without a partner has none
                 argv += ["--stream"] if streams else []
-                self.workers.append(Worker(self.lab, host, argv, self.logs / f"{host}-{p}.log"))
+                self.workers.append(start_worker(self.lab, host, argv, self.logs / f"{host}-{p}.log"))
         for worker in self.workers:
             worker.read("published")
 
     @property
-    def streams(self) -> list[tuple[Worker, Worker]]:
+    def streams(self) -> list[tuple[LabProcess, LabProcess]]:
         first = {w.host: w for w in reversed(self.workers)}
         hosts = self.lab.host_names
         return [(first[hosts[i]], first[hosts[i + 1]]) for i in range(0, len(hosts) - 1, 2)]
@@ -395,7 +357,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 soak.errors.append(f"{when.mappings} of {soak.expected_mappings} mappings in etcd")
     finally:
         for worker in soak.workers:
-            worker.kill()
+            worker.end(grace=0)
         lab.down()
     if soak.errors:
         log(f"errors: the agent processes' logs are in {soak.logs}")
@@ -477,7 +439,11 @@ def main() -> int:
     if args.duration < args.fault_every:
         print("soak: --duration must be at least --fault-every", file=sys.stderr)
         return 1
-    result = run(args)
+    try:
+        result = run(args)
+    except LabProcessError as exc:  # a worker failed: its stderr says why, a traceback would not
+        print(f"soak: {exc}", file=sys.stderr)
+        return 1
     print_table(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,6 @@ import base64
 import itertools
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from waiting import wait_until
 from shiftd import netns
 from shiftd.gid import gid_of_ipv4
 from shiftd.lab import Lab, Pid
+from shiftd.labproc import LabProcess
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
 
@@ -130,82 +130,27 @@ def leader(lab: Lab) -> str:
 # ---- processes on the lab hosts ------------------------------------------------------------------
 
 
-class Program:
-    """A program on a lab host that speaks JSON lines on stdin/stdout."""
-
-    def __init__(self, lab: Lab, host: str, argv: list[str]) -> None:
-        command, env = lab.exec_command(host, argv)
-        self.host = host
-        self.proc = subprocess.Popen(
-            command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid  # `ip netns exec` execs the program: the same PID
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-
-    def read_until(self, key: str, timeout: float = 40.0) -> dict[str, Any]:
-        """The next line that has `key`, skipping the others (peer.py's state changes)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = json.loads(self.lines.get(timeout=max(0.1, deadline - time.monotonic())))
-            except queue.Empty:
-                raise AssertionError(
-                    f"{self.host}: no {key!r} in {timeout}s; stderr: {self.stderr()}"
-                ) from None
-            if key in line:
-                return line
-
-    def send(self, **fields: object) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(fields) + "\n")
-        self.proc.stdin.flush()
-
-    def stderr(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        assert self.proc.stderr is not None
-        return self.proc.stderr.read()[-4000:]
-
-    def end(self) -> int:
-        """Close stdin and wait; kill it if it does not go."""
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        try:
-            return self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
-
-
-class Holder(Program):
+class Holder(LabProcess):
     """An agent process that publishes `count` synthetic QP mappings under the host's rail-0 GID."""
 
     def __init__(self, lab: Lab, host: str, base: int, count: int) -> None:
         i = lab.index(host)
         gid, backup = (gid_of_ipv4(lab.shape.rail_address(r, i)) for r in (0, 1))
-        super().__init__(lab, host, [sys.executable, "-c", HOLDER, gid, backup, str(base), str(count)])
+        argv = [sys.executable, "-c", HOLDER, gid, backup, str(base), str(count)]
+        super().__init__(lab, host, argv, timeout=40.0)
         self.keys = {f"/shift/v1/qp/{gid}/{qpn}" for qpn in range(base, base + count)}
-        self.read_until("ready", timeout=60)
+        self.read("ready", timeout=60)
 
     def publish(self) -> None:
         self.send(go=True)
         self.published()
 
     def published(self) -> None:
-        self.read_until("published", timeout=120)
+        self.read("published", timeout=120)
 
     def reconnects(self) -> int:
         self.send(ask=True)
-        return self.read_until("reconnects", timeout=10)["reconnects"]
+        return self.read("reconnects", timeout=10)["reconnects"]
 
 
 class Stream:
@@ -213,24 +158,24 @@ class Stream:
 
     def __init__(self, lab: Lab, rate: int = 1000) -> None:
         argv = [sys.executable, PEER]
-        self.sender = Program(lab, "h0", [*argv, "sender", "--rate", str(rate)])
-        self.receiver = Program(lab, "h1", [*argv, "receiver"])
-        ends = self.sender.read_until("endpoints"), self.receiver.read_until("endpoints")
+        self.sender = LabProcess(lab, "h0", [*argv, "sender", "--rate", str(rate)], timeout=40.0)
+        self.receiver = LabProcess(lab, "h1", [*argv, "receiver"], timeout=40.0)
+        ends = self.sender.read("endpoints"), self.receiver.read("endpoints")
         self.sender.send(**ends[1])
         self.receiver.send(**ends[0])
         for peer in (self.sender, self.receiver):
-            connected = peer.read_until("connected")
+            connected = peer.read("connected")
             assert connected == {"connected": True, "resilient": True, "state": "default"}, connected
         self.receiver.send(go=True)
         self.sender.send(go=True)
-        self.sender.read_until("progress")
+        self.sender.read("progress")
 
     def finish(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """Stop the stream: every message the sender completed reached the receiver once, in order."""
         self.sender.send(stop=True)
-        sent = self.sender.read_until("done")
+        sent = self.sender.read("done")
         self.receiver.send(stop=True, expect=sent["completed"])
-        received = self.receiver.read_until("done")
+        received = self.receiver.read("done")
         assert self.sender.end() == 0, self.sender.stderr()
         assert self.receiver.end() == 0, self.receiver.stderr()
         assert sent["errors"] == [] and received["errors"] == [], (sent, received)
@@ -240,9 +185,7 @@ class Stream:
 
     def kill(self) -> None:
         for peer in (self.sender, self.receiver):
-            if peer.proc.poll() is None:
-                peer.proc.kill()
-                peer.proc.wait()
+            peer.end(grace=0)
 
 
 class Wire:
@@ -349,7 +292,7 @@ def test_etcd_fully_down_a_nic_still_fails_over_and_the_keys_return(lab: Lab) ->
             # without etcd the daemons still tell their agents: the stream moves to the backup NIC
             result = shiftctl(lab, "h0", "fail-nic", "mlx5_0")
             assert result.returncode == 0, result.stderr
-            assert stream.sender.read_until("state")["state"] == "fallback"
+            assert stream.sender.read("state")["state"] == "fallback"
             assert int(status(lab, "h0").get("pending_writes", 0)) >= 1  # the NIC's new state waits for etcd
             sent, _ = stream.finish()
             assert [state for state, _ in sent["states"]] == ["fallback"]
@@ -392,7 +335,7 @@ def test_a_sigkilled_shiftd_comes_back_and_the_stream_never_stops(lab: Lab) -> N
         assert wait_until(lambda: stream.sender.pid in agent_pids(lab, "h0"), timeout=20)
         result = shiftctl(lab, "h0", "fail-nic", "mlx5_0")
         assert result.returncode == 0, result.stderr
-        assert stream.sender.read_until("state")["state"] == "fallback"
+        assert stream.sender.read("state")["state"] == "fallback"
         sent, _ = stream.finish()
         assert [state for state, _ in sent["states"]] == ["fallback"]
         # all of h0's keys, the mappings published again among them, live under the new daemon's lease

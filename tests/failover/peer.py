@@ -3,8 +3,11 @@
 It speaks JSON lines: it prints {"endpoints", "addr", "rkey"}, reads the peer's the same way, connects
 `--qps` ShiftQPs over mlx5_0 (one CQ for all) and prints {"connected"}; on {"go"} the sender streams
 sequence-numbered, checksummed messages round-robin over the QPs (mode send, write_imm or write_read) and the
-receiver checks each one, per QP, until {"stop"}. Each prints {"progress"} (sender), {"state", "at"} when
-its first QP changes state, and {"done": ...} with what it saw.
+receiver checks each one, per QP, until {"stop"}. Each prints {"progress"} (sender, at message --progress),
+{"state", "at"} when its first QP changes state, and {"done": ...} with what it saw: `errors` are breaches
+of the stream (a message missing, twice, out of order, corrupt), `failed` the error completions the
+application got. The sender stops posting at its first error completion and reports once every WR it
+posted has completed, as an application would after an RC error.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ ACCESS = (
 )
 ATOMIC_WR = 1 << 40
 DEADLINE = 40.0
-PROGRESS = 500  # the sender says so when it has posted this message: the stream is in full flow
 
 
 def message(tag: int) -> bytes:
@@ -73,7 +75,8 @@ class Lane:
     index: int
     qp: ShiftQP
     posted: int = 0
-    done: int = 0
+    done: int = 0  # WRs completed, in order
+    ok: int = 0  # WRs completed successfully before the first error
     received: int = 0
 
     def tag(self, seq: int) -> int:
@@ -96,7 +99,8 @@ class Side:
         ]
         self.by_qpn = {lane.qp.qp_num: lane for lane in self.lanes}
         self.attr = QPAttr(qp_access_flags=ACCESS, timeout=timeout, retry_cnt=retry_cnt)
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # breaches of the stream
+        self.failed: list[str] = []  # error completions
         self.states: list[tuple[str, int]] = []  # each change of QP 0's state, and how far the stream was
 
     def exchange(self) -> tuple[int, int]:
@@ -120,7 +124,7 @@ class Side:
         _, wcs = self.cq.poll(32)
         for wc in wcs:
             if wc.status != e.IBV_WC_SUCCESS and wc.wr_id != ATOMIC_WR:
-                self.errors.append(f"qp {wc.qp_num} wr {wc.wr_id}: {e.ibv_wc_status(wc.status).name}")
+                self.failed.append(f"qp {wc.qp_num} wr {wc.wr_id}: {e.ibv_wc_status(wc.status).name}")
         return [(self.by_qpn[wc.qp_num], wc) for wc in wcs]
 
     def wait(self, progress: int, stop: threading.Event) -> list[tuple[Lane, WC]]:
@@ -163,9 +167,11 @@ class Orders:
         self.stop.set()
 
 
-def run_sender(side: Side, mode: str, rate: float, remote: tuple[int, int], orders: Orders) -> None:
+def run_sender(
+    side: Side, mode: str, rate: float, progress: int, remote: tuple[int, int], orders: Orders
+) -> None:
     """Post messages round-robin over the QPs at `rate` a second (a fault lands mid-stream) until told to
-    stop, at most WINDOW WRs outstanding per QP; then wait for every completion."""
+    stop or an error completes, at most WINDOW WRs outstanding per QP; then wait for every completion."""
     addr, rkey = remote
     lanes = side.lanes
     per_msg = 2 if mode == "write_read" else 1
@@ -173,9 +179,10 @@ def run_sender(side: Side, mode: str, rate: float, remote: tuple[int, int], orde
     start = time.monotonic()
     deadline = start + DEADLINE
     while time.monotonic() < deadline and not side.errors:
-        if orders.stop.is_set() and all(lane.done == lane.posted for lane in lanes):
+        posting = not (orders.stop.is_set() or side.failed)
+        if not posting and all(lane.done == lane.posted for lane in lanes):
             break
-        while not orders.stop.is_set() and time.monotonic() >= start + sent / rate:
+        while posting and time.monotonic() >= start + sent / rate:
             lane = lanes[sent % len(lanes)]
             if lane.posted - lane.done > WINDOW - per_msg:
                 break
@@ -195,11 +202,11 @@ def run_sender(side: Side, mode: str, rate: float, remote: tuple[int, int], orde
                 lane.qp.post_send(wr)
                 lane.posted += 1
             sent += 1
-            if sent == PROGRESS:
+            if sent == progress:
                 say(progress=sent)
         if orders.atomic.is_set() and atomic is None:
             atomic = post_atomic(side, remote)
-        completed = sum(lane.done for lane in lanes) // per_msg
+        completed = sum(lane.ok for lane in lanes) // per_msg
         for lane, wc in side.poll(completed):
             if wc.wr_id == ATOMIC_WR:
                 atomic = e.ibv_wc_status(wc.status).name
@@ -208,6 +215,10 @@ def run_sender(side: Side, mode: str, rate: float, remote: tuple[int, int], orde
                 side.errors.append(
                     f"qp {lane.index}: completion {wc.wr_id} out of order, expected {lane.done}"
                 )
+            lane.done = wc.wr_id + 1
+            if wc.status != e.IBV_WC_SUCCESS or lane.ok != wc.wr_id:
+                continue  # after an error on this QP, nothing counts as delivered
+            lane.ok = lane.done
             if mode == "write_read" and wc.wr_id % 2 == 1:
                 seq = wc.wr_id // 2
                 problem = check(
@@ -216,13 +227,15 @@ def run_sender(side: Side, mode: str, rate: float, remote: tuple[int, int], orde
                 if problem:
                     side.errors.append(f"qp {lane.index}: read back: {problem}")
                 verified += 1
-            lane.done = wc.wr_id + 1
     say(
         done=True,
-        completed=sum(lane.done for lane in lanes) // per_msg,
+        completed=sum(lane.ok for lane in lanes) // per_msg,
+        posted=sum(lane.posted for lane in lanes) // per_msg,
+        finished=all(lane.done == lane.posted for lane in lanes),
         verified=verified,
         atomic=atomic,
         errors=side.errors[:10],
+        failed=side.failed[:10],
         states=side.states,
         finals=side.finals(),
     )
@@ -271,6 +284,7 @@ def run_receiver(side: Side, mode: str, orders: Orders) -> None:
         counter=int.from_bytes(side.mr.read(8, side.atomic_at), "little"),
         woken=side.woken,
         errors=side.errors[:10],
+        failed=side.failed[:10],
         states=side.states,
         finals=side.finals(),
     )
@@ -287,6 +301,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=["send", "write_imm", "write_read"], default="send")
     parser.add_argument("--qps", type=int, default=1)
     parser.add_argument("--rate", type=float, default=1000.0, help="messages a second, over all QPs")
+    parser.add_argument("--progress", type=int, default=500, help="say so when this message is posted")
     parser.add_argument("--timeout", type=int, default=15)
     parser.add_argument("--retry-cnt", type=int, default=3)
     parser.add_argument("--block", action="store_true", help="wait on a completion channel when idle")
@@ -297,7 +312,7 @@ def main() -> None:
     hear()  # go
     orders = Orders()
     if args.role == "sender":
-        run_sender(side, args.mode, args.rate, remote, orders)
+        run_sender(side, args.mode, args.rate, args.progress, remote, orders)
     else:
         run_receiver(side, args.mode, orders)
     side.ctx.close()

@@ -1,0 +1,280 @@
+"""The lab side of the failover tests: a stream between peer.py on two lab hosts, real faults, and what
+each shiftd was told.
+
+A `Stream` runs the sender on h0 and the receiver on h1 (endpoints exchanged through this process as JSON
+lines) and ends with both peers' final reports; `run_stream` is the common script (fault in the middle of
+the stream, optional failbacks, every check). Faults are real: shiftd's admin service on a lab host
+applies them (the calls `shiftctl fail-nic` makes) or tc on a rail switch (no shiftd sees it).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+from shiftd.ctl import MODES, Client
+from shiftd.lab import Lab
+from shiftd.labproc import LabProcess
+
+PEER = str(Path(__file__).with_name("peer.py"))
+HOSTS = ("h0", "h1")
+BOTH = "both"
+
+
+class Peer(LabProcess):
+    """peer.py on a lab host, spoken to in JSON lines."""
+
+    def __init__(self, lab: Lab, host: str, *args: str) -> None:
+        super().__init__(lab, host, [sys.executable, PEER, *args], timeout=40.0)
+
+
+# -- shiftd ------------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def admin(lab: Lab, host: str) -> Iterator[admin_pb2_grpc.AdminStub]:
+    """shiftd's admin service on `host`, over its socket: what shiftctl calls, without a process per call
+    (a second of CPU each on a busy machine: too slow to land a fault inside a handshake)."""
+    client = Client(str(lab.socket(host)), timeout=30.0)
+    try:
+        yield client.admin
+    finally:
+        client.close()
+
+
+def switches(lab: Lab, host: str, since: float, wait_for: int = 0) -> list[tuple[str, str, str, str]]:
+    """The switches shiftd of `host` was told of after `since` (time.time()), in time order:
+    (kind, device left, device used, reason); waits up to 10 s for `wait_for` of them (reports go to
+    shiftd off the data path)."""
+    deadline = time.monotonic() + 10
+    request = admin_pb2.StreamEventsRequest(backlog=200, follow=False)
+    while True:
+        with admin(lab, host) as stub:
+            reports = [e.failover for e in stub.StreamEvents(request, timeout=30) if e.HasField("failover")]
+        found = [
+            (common_pb2.FailoverKind.Name(r.kind), r.device, r.backup_device, r.reason)
+            for r in sorted(reports, key=lambda r: r.time_unix_nanos)
+            if r.time_unix_nanos > since * 1e9
+        ]
+        if len(found) >= wait_for or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def wait_nic_state(lab: Lab, host: str, device: str, state: str, timeout: float = 10.0) -> None:
+    """Until shiftd of `host` says `device` is in `state` ("NIC_STATE_UP", ...)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with admin(lab, host) as stub:
+            nics = stub.ListNics(admin_pb2.ListNicsRequest(), timeout=30).nics
+        now = common_pb2.NicState.Name(next(n.state for n in nics if n.device == device))
+        if now == state:
+            return
+        assert time.monotonic() < deadline, f"{host} {device}: {now}, not {state}"
+        time.sleep(0.1)
+
+
+# -- faults ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A real fault, and how the side that meets it first (`host`, or BOTH) should notice it."""
+
+    host: str
+    reason: str
+    inject: Callable[[Lab], None]
+    recover: Callable[[Lab], None]
+
+
+def fail_nic(lab: Lab, hosts: Sequence[str], device: str, mode: str = "down", period: float = 0.0) -> None:
+    """`shiftctl fail-nic DEVICE --mode MODE [--period P]` on each of `hosts`, one right after the other."""
+    request = admin_pb2.FailNicRequest(device=device, mode=MODES[mode], flap_period_seconds=period)
+    for host in hosts:
+        with admin(lab, host) as stub:
+            stub.FailNic(request, timeout=30)
+
+
+def recover_nic(lab: Lab, hosts: Sequence[str], devices: Sequence[str]) -> None:
+    """`shiftctl recover-nic DEVICE` for each of `devices` on each of `hosts` (a no-op on a healthy NIC)."""
+    for host in hosts:
+        with admin(lab, host) as stub:
+            for device in devices:
+                stub.RecoverNic(admin_pb2.RecoverNicRequest(device=device), timeout=30)
+
+
+def recover_everything(lab: Lab) -> None:
+    recover_nic(lab, lab.host_names, [lab.shape.rdma_device(r) for r in range(lab.shape.nics)])
+
+
+def nic_fault(host: str, mode: str = "down", device: str = "mlx5_0", period: float = 0.0) -> Fault:
+    """`fail-nic DEVICE --mode MODE` on `host` (or on both hosts at once): shiftd holds the NIC DOWN for
+    any mode and says so first, so the NIC event is the detection."""
+    hosts = HOSTS if host == BOTH else (host,)
+    return Fault(
+        host,
+        "nic_event",
+        lambda lab: fail_nic(lab, hosts, device, mode, period),
+        lambda lab: recover_nic(lab, hosts, [device]),
+    )
+
+
+def rail_qdisc(lab: Lab, rail: int, towards: str, *qdisc: str) -> None:
+    """Set the root qdisc of rail `rail`'s switch port towards a host (none: remove it)."""
+    dev = ["dev", towards, "root"]
+    args = ["replace", *dev, *qdisc] if qdisc else ["del", *dev]
+    subprocess.run(["tc", "-n", lab.shape.rail_ns(rail), "qdisc", *args], check=True)
+
+
+def silent_blackhole(towards: str = "h1") -> Fault:
+    """Rail 0's switch drops everything towards one host, links stay up: no shiftd sees it, h0's sends
+    time out. Towards h1 the messages are lost; towards h0 only their acks are (h1 has them all)."""
+    return Fault(
+        "h0",
+        "error_completion",
+        lambda lab: rail_qdisc(lab, 0, towards, "blackhole"),
+        lambda lab: rail_qdisc(lab, 0, towards),
+    )
+
+
+# -- the stream --------------------------------------------------------------------------------------------
+
+
+class Stream:
+    """The sender on h0 and the receiver on h1, connected and streaming (`with Stream(...) as s:`) once
+    the sender has posted --progress messages; `finish()` stops it and returns both final reports."""
+
+    def __init__(
+        self,
+        lab: Lab,
+        mode: str,
+        qps: int = 1,
+        sender_args: Sequence[str] = (),
+        receiver_args: Sequence[str] = (),
+    ) -> None:
+        self.mode = mode
+        common = ("--mode", mode, "--qps", str(qps))
+        self.sender = Peer(lab, "h0", "sender", *common, *sender_args)
+        self.receiver = Peer(lab, "h1", "receiver", *common, *receiver_args)
+
+    def __enter__(self) -> Stream:
+        sender, receiver = self.sender, self.receiver
+        ends = sender.read("endpoints", timeout=20), receiver.read("endpoints", timeout=20)
+        sender.send(**ends[1])
+        receiver.send(**ends[0])
+        for peer in (sender, receiver):
+            connected = peer.read("connected", timeout=20)
+            assert connected == {"connected": True, "resilient": True, "state": "default"}, connected
+        receiver.send(go=True)
+        sender.send(go=True)
+        sender.read("progress", timeout=20)
+        return self
+
+    def finish(self, stop: bool = True) -> tuple[dict, dict]:
+        """Stop the sender (or, stop=False, wait until it stops at an error completion), let the receiver
+        take what the sender saw complete, and both reports."""
+        if stop:
+            self.sender.send(stop=True)
+        sent = self.sender.read("done")
+        self.receiver.send(stop=True, expect=0 if self.mode == "write_read" else sent["completed"])
+        received = self.receiver.read("done")
+        assert self.sender.end() == 0, self.sender.stderr()
+        assert self.receiver.end() == 0, self.receiver.stderr()
+        return sent, received
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        for peer in (self.sender, self.receiver):
+            peer.end(grace=0)
+            if kind is not None:  # shown by pytest with the failure
+                print(f"--- {peer.host} stderr (SHIFT_TEST_LOG=INFO for more):\n{peer.stderr()}")
+
+
+def assert_intact(sent: dict, received: dict) -> None:
+    """Every message the sender saw complete arrived once, in order, with a good checksum, and no error
+    completion reached either application."""
+    assert sent["errors"] == [] and received["errors"] == [], (sent, received)
+    assert sent["failed"] == [] and received["failed"] == [], (sent, received)
+    assert sent["completed"] == received["received"], (sent, received)
+
+
+def assert_switched(sent: dict, received: dict, mode: str, cycle: Sequence[str], qps: int = 1) -> None:
+    """Both sides went through `cycle` (states of their QPs), each switch with the stream in full flow."""
+    for side in (sent, received) if mode != "write_read" else (sent,):
+        assert [state for state, _ in side["states"]] == list(cycle), side
+        assert side["finals"] == [cycle[-1]] * qps, side  # every QP, not only the first
+        assert all(0 < at < sent["completed"] for _, at in side["states"]), side
+
+
+def assert_reports(lab: Lab, since: float, fault: Fault, count: int, qps: int = 1) -> None:
+    """Each shiftd was told of `count` switches (failover, failback, failover, ...) per QP since `since`:
+    the side that met the fault (or its recovery) noticed it itself, the other heard the peer's
+    notification; when both met it, either may come first on each side."""
+    for host in HOSTS:
+        mine = host == fault.host
+        failover = (
+            "FAILOVER_KIND_FAILOVER",
+            "mlx5_0",
+            "mlx5_1",
+            fault.reason if mine else "peer_notification",
+        )
+        failback = (
+            "FAILOVER_KIND_FAILBACK",
+            "mlx5_1",
+            "mlx5_0",
+            "nic_recovered" if mine else "peer_notification",
+        )
+        expected = [(failover, failback)[i % 2] for i in range(count) for _ in range(qps)]
+        got = switches(lab, host, since, wait_for=len(expected))
+        if fault.host == BOTH:
+            assert {g[3] for g in got} <= {fault.reason, "nic_recovered", "peer_notification"}, got
+            got = [(*g[:3], e[3]) for g, e in zip(got, expected, strict=False)]
+        assert got == expected, f"{host}: {got}"
+
+
+def run_stream(
+    lab: Lab,
+    mode: str,
+    fault: Fault,
+    failbacks: int = 0,
+    then: dict | None = None,
+    qps: int = 1,
+    receiver_args: tuple[str, ...] = (),
+    sender_args: tuple[str, ...] = (),
+) -> tuple[dict, dict]:
+    """Stream h0 -> h1 and inject `fault` in the middle; the two peers' final reports.
+
+    With failbacks=n, the fault is also recovered in the middle of the stream, n times over, each time once
+    the sender is back on the default path, before the last injection. `then` is an order for the sender
+    right after the last injection. With qps=n the stream goes round-robin over n QPs sharing one CQ.
+    """
+    injected = False
+    try:
+        with Stream(lab, mode, qps, sender_args, receiver_args) as stream:
+            failed_at = time.time()
+            for done in range(1, failbacks + 1):
+                fault.inject(lab)
+                assert stream.sender.read("state")["state"] == "fallback"
+                fault.recover(lab)
+                assert stream.sender.read("state", timeout=15)["state"] == "default"
+                for host in HOSTS:  # both sides finished the failback, so both re-armed the backup
+                    switches(lab, host, failed_at, wait_for=2 * done * qps)
+            fault.inject(lab)
+            injected = True
+            if then:
+                stream.sender.send(**then)
+            assert stream.sender.read("state")["state"] == "fallback"
+            time.sleep(0.5)  # traffic on the backup path
+            sent, received = stream.finish()
+        cycle = ["fallback", "default"] * failbacks + ["fallback"]
+        assert_switched(sent, received, mode, cycle, qps)
+        assert_reports(lab, failed_at, fault, len(cycle), qps)
+        return sent, received
+    finally:
+        if injected:
+            fault.recover(lab)

@@ -1,0 +1,182 @@
+"""A second fault while a stream is already failing over: in the middle of the handshake, or on the backup.
+
+The handshake window is held open for real: rail 1's switch drops everything towards h1 (the receive count
+h0 sends when it switches stays in flight, TCP keeps retransmitting it) until the second fault is in, then
+lets it through. The peers use a long ack deadline so that holding the count is not itself a failure:
+after the release TCP retransmits it within about as long again as it was held (exponential backoff),
+so each test checks that the hold lasted less than half the deadline. With two NICs, a failure of the
+path being moved to has nowhere to go: the applications get a clear error, never a message twice, and
+nothing hangs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from labs import running_lab
+from stream_harness import (
+    BOTH,
+    HOSTS,
+    Stream,
+    assert_intact,
+    assert_reports,
+    assert_switched,
+    nic_fault,
+    rail_qdisc,
+    recover_everything,
+    switches,
+    wait_nic_state,
+)
+
+from shiftd.lab import Lab
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
+
+PATIENT = ("--timeout", "18", "--retry-cnt", "7")  # ack deadline: 4.096 us x 2**18 x 8 tries = 8.6 s
+VERY_PATIENT = ("--timeout", "19", "--retry-cnt", "7")  # 17.2 s, for a hold that waits out a hold-down
+LOST = ("IBV_WC_RETRY_EXC_ERR", "IBV_WC_WR_FLUSH_ERR")
+FAILOVER_ON_NIC_EVENT = ("FAILOVER_KIND_FAILOVER", "mlx5_0", "mlx5_1", "nic_event")
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with running_lab("ft", hosts=2, nics=2) as lab:
+        yield lab
+
+
+def ack_deadline(args: tuple[str, ...]) -> float:
+    timeout, retry_cnt = int(args[1]), int(args[3])
+    return 4.096e-6 * (1 << timeout) * (retry_cnt + 1)
+
+
+@contextmanager
+def handshake_held(lab: Lab, stream: Stream, patience: tuple[str, ...]) -> Iterator[None]:
+    """Fail mlx5_0 on h0 with h0's notification to h1 held on the backup rail; release it on exit."""
+    rail_qdisc(lab, 1, "h1", "blackhole")
+    start = time.monotonic()
+    try:
+        nic_fault("h0").inject(lab)
+        assert stream.sender.read("state")["state"] == "fallback"
+        yield
+    finally:
+        rail_qdisc(lab, 1, "h1")
+    held = time.monotonic() - start
+    assert held < ack_deadline(patience) / 2, f"held {held:.1f} s: too slow a machine for this deadline"
+
+
+def patient_stream(lab: Lab, patience: tuple[str, ...]) -> Stream:
+    return Stream(lab, "send", sender_args=patience, receiver_args=patience)
+
+
+def assert_clean_error(sent: dict, received: dict) -> None:
+    """The sender got an error completion and every WR it posted completed (nothing hangs); no message
+    was lost before an acked one, none came twice or out of order."""
+    assert sent["errors"] == [] and received["errors"] == []
+    assert sent["failed"], sent
+    assert sent["failed"][0].endswith(LOST), sent["failed"]
+    assert sent["finished"], sent
+    assert sent["completed"] <= received["received"] <= sent["posted"], (sent, received)
+
+
+def test_the_peers_default_fails_during_the_handshake(lab: Lab) -> None:
+    """h1's NIC fails while h0's notification is in flight: h1 switches on its own NIC event (not on
+    the notification), both handshakes cross, the stream survives."""
+    try:
+        with patient_stream(lab, VERY_PATIENT) as stream:
+            since = time.time()
+            with handshake_held(lab, stream, VERY_PATIENT):
+                nic_fault("h1").inject(lab)
+                assert stream.receiver.read("state")["state"] == "fallback"  # before the notification
+            time.sleep(0.5)  # traffic on the backup path
+            sent, received = stream.finish()
+    finally:
+        recover_everything(lab)
+    assert_intact(sent, received)
+    assert_switched(sent, received, "send", ["fallback"])
+    for host in HOSTS:  # each side noticed on its own: the second fault landed inside the handshake
+        assert switches(lab, host, since, wait_for=1) == [FAILOVER_ON_NIC_EVENT], host
+
+
+def test_the_default_recovers_and_fails_again_during_the_handshake(lab: Lab) -> None:
+    """h0's NIC comes back (shiftd says UP) and fails again before h1 has answered: the switch completes
+    on the backup and stays there, the stream survives."""
+    try:
+        with patient_stream(lab, VERY_PATIENT) as stream:
+            since = time.time()
+            with handshake_held(lab, stream, VERY_PATIENT):
+                nic_fault("h0").recover(lab)
+                wait_nic_state(lab, "h0", "mlx5_0", "NIC_STATE_UP")
+                nic_fault("h0").inject(lab)
+            time.sleep(0.5)
+            sent, received = stream.finish()
+    finally:
+        recover_everything(lab)
+    assert_intact(sent, received)
+    assert_switched(sent, received, "send", ["fallback"])
+    assert_reports(lab, since, nic_fault("h0"), 1)
+
+
+@pytest.mark.parametrize("host", ["h1", "h0"], ids=["receivers-backup", "senders-backup"])
+def test_the_backup_fails_during_the_handshake(lab: Lab, host: str) -> None:
+    """mlx5_1 fails while h0's notification is in flight on it. On h1 it is lost (h0 finds out by the ack
+    deadline); on h0 shiftd says so at once. Either way h0's application gets a clear error."""
+    try:
+        with patient_stream(lab, PATIENT) as stream:
+            with handshake_held(lab, stream, PATIENT):
+                nic_fault(host, device="mlx5_1").inject(lab)
+            sent, received = stream.finish(stop=False)
+    finally:
+        recover_everything(lab)
+    assert_clean_error(sent, received)
+    assert sent["finals"] == ["broken"], sent
+    assert received["finals"] == ["default"], received  # it never heard of the switch
+
+
+@pytest.mark.parametrize("host", ["h0", "h1"], ids=["senders-nics", "receivers-nics"])
+def test_a_failure_of_the_backup_with_no_third_nic_surfaces_cleanly(lab: Lab, host: str) -> None:
+    """On the backup after mlx5_0 failed, mlx5_1 of the same host fails too: with two NICs there is
+    nowhere to go. The error reaches the application (the host's shiftd says so at once; the other side
+    meets the ack deadline), nothing is delivered twice, nothing hangs."""
+    try:
+        with Stream(lab, "send") as stream:
+            since = time.time()
+            nic_fault(host).inject(lab)
+            assert stream.sender.read("state")["state"] == "fallback"
+            time.sleep(0.3)  # traffic on the backup path
+            nic_fault(host, device="mlx5_1").inject(lab)
+            sent, received = stream.finish(stop=False)  # the sender stops at its error
+    finally:
+        recover_everything(lab)
+    assert_clean_error(sent, received)
+    assert sent["states"][0][0] == "fallback" and sent["finals"] == ["broken"], sent
+    if host == "h1":  # the receiver's posted receives flushed: it is not left waiting for messages
+        assert received["failed"] and received["finals"] == ["broken"], received
+    assert_reports(lab, since, nic_fault(host), 1)  # the failover, and nothing after it
+
+
+def test_failback_waits_for_the_second_nic_to_recover(lab: Lab) -> None:
+    """mlx5_0 fails on both hosts; h0's comes back first and asks h1 to re-arm the default path while
+    h1's is still down. h1 must not answer (a probe would fail and leave h0 waiting for an UP that
+    never comes again); h1's own recovery then brings both back, once."""
+    try:
+        with Stream(lab, "send") as stream:
+            since = time.time()
+            nic_fault(BOTH).inject(lab)
+            assert stream.sender.read("state")["state"] == "fallback"
+            nic_fault("h0").recover(lab)
+            wait_nic_state(lab, "h0", "mlx5_0", "NIC_STATE_UP")
+            time.sleep(1.5)  # room for h0's re-arm request and a probe to time out, were one sent
+            nic_fault("h1").recover(lab)
+            assert stream.sender.read("state", timeout=15)["state"] == "default"
+            time.sleep(0.3)  # traffic on the default path again
+            sent, received = stream.finish()
+    finally:
+        recover_everything(lab)
+    assert_intact(sent, received)
+    assert_switched(sent, received, "send", ["fallback", "default"])
+    back = ("FAILOVER_KIND_FAILBACK", "mlx5_1", "mlx5_0")
+    assert [s[:3] for s in switches(lab, "h0", since, wait_for=2)][1:] == [back]
+    assert switches(lab, "h1", since, wait_for=2)[1:] == [(*back, "nic_recovered")]  # h1 led it
