@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +40,10 @@ UNSUPPORTED = {
 
 
 def say(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
+    """One JSON line in one write: torchrun's ranks share stdout, and print() writes the text and its
+    newline apart when unbuffered, so two ranks' lines could run into one."""
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
 
 
 def values(rank: int, dtype: torch.dtype) -> torch.Tensor:
