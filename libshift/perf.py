@@ -42,12 +42,7 @@ from libshift.verbs import (
 from libshift.verbs import enums as e
 
 TESTS = ("send_bw", "write_bw", "read_bw", "send_lat", "write_lat")
-ALL_ACCESS = (
-    e.IBV_ACCESS_LOCAL_WRITE
-    | e.IBV_ACCESS_REMOTE_WRITE
-    | e.IBV_ACCESS_REMOTE_READ
-    | e.IBV_ACCESS_REMOTE_ATOMIC
-)
+ALL_ACCESS = e.ALL_ACCESS
 DEPTH = 128  # outstanding work requests in the bandwidth tests, as perftest's tx-depth
 SIGNAL_EVERY = 16
 RAW_CHUNK = 1 << 20

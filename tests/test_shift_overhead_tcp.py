@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from veth_contexts import veth_contexts
 
-from libshift.netns import VethPair
 from libshift.verbs import (
     CQ,
     MR,
@@ -41,17 +41,8 @@ PAIRS = 12
 
 @pytest.fixture(scope="module")
 def contexts() -> Iterator[tuple[Context, Context]]:
-    saved = os.environ.get("SHIFT_TCP_DEVICES")
-    with VethPair("ovt", "198.18.77") as fabric:
-        os.environ["SHIFT_TCP_DEVICES"] = fabric.tcp_devices("ovt_a", "ovt_b")
-        a, b = Context(name="ovt_a"), Context(name="ovt_b")
+    with veth_contexts("ovt", "198.18.77") as (_, a, b):
         yield a, b
-        a.close()
-        b.close()
-    if saved is None:
-        os.environ.pop("SHIFT_TCP_DEVICES", None)
-    else:
-        os.environ["SHIFT_TCP_DEVICES"] = saved
 
 
 def poll_all(cq: CQ, count: int, timeout: float = 10.0) -> list:

@@ -6,7 +6,6 @@ served), and no byte may change outside the one MR that grants remote write.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from veth_contexts import veth_contexts
 
 from libshift.netns import VethPair, in_netns
 from libshift.providers.tcp import wire
@@ -23,12 +23,7 @@ from libshift.verbs import enums as e
 
 pytestmark = pytest.mark.lab
 
-ALL = (
-    e.IBV_ACCESS_LOCAL_WRITE
-    | e.IBV_ACCESS_REMOTE_WRITE
-    | e.IBV_ACCESS_REMOTE_READ
-    | e.IBV_ACCESS_REMOTE_ATOMIC
-)
+ALL = e.ALL_ACCESS
 MR_SIZE = 4096
 PSN = 1000
 
@@ -49,10 +44,7 @@ class Target:
 
 @pytest.fixture(scope="module")
 def target() -> Iterator[Target]:
-    saved = os.environ.get("SHIFT_TCP_DEVICES")
-    with VethPair("vxf", "198.18.93") as fabric:
-        os.environ["SHIFT_TCP_DEVICES"] = fabric.tcp_devices("vxf_a", "vxf_b")
-        peer_ctx, ctx = Context(name="vxf_a"), Context(name="vxf_b")
+    with veth_contexts("vxf", "198.18.93") as (fabric, peer_ctx, ctx):
         pd = PD(ctx)
         made = Target(
             fabric,
@@ -67,12 +59,6 @@ def target() -> Iterator[Target]:
         made.ro.write(b"\xa5" * MR_SIZE)
         made.other.write(b"\x5a" * MR_SIZE)
         yield made
-        ctx.close()
-        peer_ctx.close()
-    if saved is None:
-        os.environ.pop("SHIFT_TCP_DEVICES", None)
-    else:
-        os.environ["SHIFT_TCP_DEVICES"] = saved
 
 
 USUALLY = st.sampled_from((True,) * 5 + (False,))  # five times in six, so most frames reach the checks

@@ -8,15 +8,14 @@ resumes, so a peer's requests are still answered.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from veth_contexts import veth_contexts
 
-from libshift.netns import VethPair
 from libshift.verbs import (
     CQ,
     MR,
@@ -35,27 +34,13 @@ from libshift.verbs import enums as e
 
 pytestmark = pytest.mark.lab
 
-ALL = (
-    e.IBV_ACCESS_LOCAL_WRITE
-    | e.IBV_ACCESS_REMOTE_WRITE
-    | e.IBV_ACCESS_REMOTE_READ
-    | e.IBV_ACCESS_REMOTE_ATOMIC
-)
+ALL = e.ALL_ACCESS
 
 
 @pytest.fixture(scope="module")
 def contexts() -> Iterator[tuple[Context, Context]]:
-    saved = os.environ.get("SHIFT_TCP_DEVICES")
-    with VethPair("lt3", "198.18.99") as fabric:
-        os.environ["SHIFT_TCP_DEVICES"] = fabric.tcp_devices("lt3_a", "lt3_b")
-        a, b = Context(name="lt3_a"), Context(name="lt3_b")
+    with veth_contexts("lt3", "198.18.99") as (_, a, b):
         yield a, b
-        a.close()
-        b.close()
-    if saved is None:
-        os.environ.pop("SHIFT_TCP_DEVICES", None)
-    else:
-        os.environ["SHIFT_TCP_DEVICES"] = saved
 
 
 @dataclass

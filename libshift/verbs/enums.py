@@ -101,3 +101,11 @@ globals().update(
         for member in enum
     }
 )
+
+# Not an ibverbs name: every access an RC peer can be given, as perftest and the tests register MRs.
+ALL_ACCESS = (
+    ibv_access_flags.IBV_ACCESS_LOCAL_WRITE
+    | ibv_access_flags.IBV_ACCESS_REMOTE_WRITE
+    | ibv_access_flags.IBV_ACCESS_REMOTE_READ
+    | ibv_access_flags.IBV_ACCESS_REMOTE_ATOMIC
+)

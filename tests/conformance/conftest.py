@@ -28,12 +28,7 @@ from libshift.verbs import enums as e
 from shiftd.lab import Lab
 
 PROVIDER = os.environ.get("SHIFT_TEST_PROVIDER", "tcp")
-ALL_ACCESS = (
-    e.IBV_ACCESS_LOCAL_WRITE
-    | e.IBV_ACCESS_REMOTE_WRITE
-    | e.IBV_ACCESS_REMOTE_READ
-    | e.IBV_ACCESS_REMOTE_ATOMIC
-)
+ALL_ACCESS = e.ALL_ACCESS
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

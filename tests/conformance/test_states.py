@@ -22,12 +22,7 @@ from libshift.verbs import (
 )
 from libshift.verbs import enums as e
 
-ALL_ACCESS = (
-    e.IBV_ACCESS_LOCAL_WRITE
-    | e.IBV_ACCESS_REMOTE_WRITE
-    | e.IBV_ACCESS_REMOTE_READ
-    | e.IBV_ACCESS_REMOTE_ATOMIC
-)
+ALL_ACCESS = e.ALL_ACCESS
 
 
 def send(side, wr_id: int = 1, length: int = 8) -> SendWR:

@@ -33,12 +33,7 @@ SLOTS = 32
 WINDOW = 16  # WRs outstanding per QP
 LANE = 2 * SLOTS * SIZE  # each QP's part of the MR: slots to send from / write into, then to read into
 HEADER = struct.Struct("<QI")
-ACCESS = (
-    e.IBV_ACCESS_LOCAL_WRITE
-    | e.IBV_ACCESS_REMOTE_WRITE
-    | e.IBV_ACCESS_REMOTE_READ
-    | e.IBV_ACCESS_REMOTE_ATOMIC
-)
+ACCESS = e.ALL_ACCESS
 ATOMIC_WR = 1 << 40
 DEADLINE = 40.0
 
