@@ -1,4 +1,4 @@
-"""Network namespaces: run code inside one (`in_netns`), and build a two-host fabric (`VethPair`).
+"""Network namespaces: run code inside one (`entered`, `in_netns`), and build a two-host fabric (`VethPair`).
 
 Linux keeps the network namespace per thread and a socket keeps the namespace it was created in, so creating
 a Context's sockets inside `in_netns(...)` puts that device on another lab host while the rest of the process
@@ -21,23 +21,27 @@ NETNS_DIR = "/run/netns"
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+class NetnsError(RuntimeError):
+    """A namespace is missing or cannot be entered; str() is one line for the operator."""
+
+
 def _setns(fd: int) -> None:
     if _libc.setns(fd, CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
-        raise VerbsError(f"cannot enter network namespace: {os.strerror(err)}")
+        raise NetnsError(f"cannot enter network namespace: {os.strerror(err)}")
+
+
+def _open(name: str) -> int:
+    path = name if name.startswith("/") else os.path.join(NETNS_DIR, name)
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise NetnsError(f"network namespace {name!r} not found ({exc.strerror})") from None
 
 
 @contextmanager
-def in_netns(name: str | None) -> Iterator[None]:
-    """Enter namespace `name` (None: stay) for the duration of the block, then come back."""
-    if name is None:
-        yield
-        return
-    path = name if name.startswith("/") else os.path.join(NETNS_DIR, name)
-    try:
-        target = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise VerbsError(f"network namespace {name!r} not found ({exc.strerror})") from None
+def _inside(target: int) -> Iterator[None]:
+    """setns into the namespace open as `target` for the block, then back; closes `target`."""
     own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
         _setns(target)
@@ -48,6 +52,27 @@ def in_netns(name: str | None) -> Iterator[None]:
     finally:
         os.close(target)
         os.close(own)
+
+
+@contextmanager
+def entered(name: str) -> Iterator[None]:
+    """Move the calling thread into namespace `name` (a name in /run/netns, or a path) for the block."""
+    with _inside(_open(name)):
+        yield
+
+
+@contextmanager
+def in_netns(name: str | None) -> Iterator[None]:
+    """Enter namespace `name` (None: stay) for the block; a verbs error if there is no such namespace."""
+    if name is None:
+        yield
+        return
+    try:
+        target = _open(name)
+    except NetnsError as exc:
+        raise VerbsError(str(exc)) from None
+    with _inside(target):
+        yield
 
 
 def _run(*argv: str) -> None:

@@ -1,31 +1,26 @@
 """Run code or commands inside a named network namespace (the ones `ip netns` keeps in /run/netns).
 
 setns(2) moves only the calling thread, so Python code runs in a thread that enters the namespace
-and leaves it again; the caller's own thread never moves. os.setns only arrived in Python 3.12,
-hence ctypes. Commands go through `ip netns exec`, which also remounts /sys for the namespace so
-that /sys/class/net shows the namespace's own netdevs, as shiftd's sysfs readers expect.
+and leaves it again; the caller's own thread never moves (setns itself is libshift.netns's, which
+the in-process library needs too). Commands go through `ip netns exec`, which also remounts /sys
+for the namespace so that /sys/class/net shows the namespace's own netdevs, as shiftd's sysfs
+readers expect.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-NETNS_DIR = Path("/run/netns")
-CLONE_NEWNET = 0x40000000
+from libshift.netns import NETNS_DIR as _NETNS_DIR
+from libshift.netns import NetnsError as NetnsError
+from libshift.netns import entered as entered
+
+NETNS_DIR = Path(_NETNS_DIR)
 
 T = TypeVar("T")
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-class NetnsError(RuntimeError):
-    """A namespace is missing or cannot be entered; str() is one line for the operator."""
 
 
 def path(name: str) -> Path:
@@ -42,31 +37,6 @@ def names() -> list[str]:
         return sorted(p.name for p in NETNS_DIR.iterdir())
     except FileNotFoundError:
         return []
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
-
-
-@contextmanager
-def entered(name: str) -> Iterator[None]:
-    """Move the calling thread into namespace `name` for the duration of the block."""
-    try:
-        target = os.open(path(name), os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise NetnsError(f"no network namespace {name!r}") from None
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        _setns(target)
-        try:
-            yield
-        finally:
-            _setns(own)
-    finally:
-        os.close(target)
-        os.close(own)
 
 
 def run(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from shiftd.netns import NetnsError
 from shiftd.netns import entered as netns_entered
 
 _names = itertools.count()
@@ -79,7 +80,7 @@ class NetnsLoop:
                 asyncio.set_event_loop(self.loop)
                 self.loop.call_soon(self._ready.set_result, None)
                 self.loop.run_forever()
-        except OSError as exc:
+        except (OSError, NetnsError) as exc:
             self._ready.set_exception(exc)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
