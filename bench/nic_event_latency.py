@@ -4,7 +4,10 @@ On a lab host (1 host x 2 NICs), each trial takes a link down and times, on CLOC
 (shared by all processes of the machine):
   - kernel -> raw netlink listener: a bare Python netlink socket in another process, the floor;
   - kernel -> shiftd: when shiftd's monitor saw it (NicEvent.monotonic_nanos);
-  - kernel -> agent: when an agent process, subscribed with Agent.WatchNicEvents, received it.
+  - kernel -> agent: when an agent process, subscribed with Agent.WatchNicEvents, received it;
+and two differences that take the kernel's share out: raw socket -> agent (shift's part, as
+another process sees it) and shiftd monitor -> agent (health, the event fan-out, the gRPC
+stream write, the socket relay and the client's read: what the daemon's code decides).
 Two kinds of failure: the switch port going down (the host loses carrier, as when a cable or
 switch port dies) and the host's own link set down (as `shiftctl fail-nic --mode down` does).
 
@@ -138,6 +141,7 @@ def trial(ns: str, ifname: str, subscriber: Line, raw: Line) -> dict[str, float]
         "shiftd_ms": (seen - started) / 1e6,
         "agent_ms": (arrived - started) / 1e6,
         "agent_after_raw_ms": (arrived - raw_arrived) / 1e6,
+        "agent_after_shiftd_ms": (arrived - seen) / 1e6,
     }
 
 
@@ -190,6 +194,7 @@ def print_table(results: dict[str, list[dict[str, float]]], trials: int) -> None
         ("shiftd_ms", "kernel -> shiftd monitor"),
         ("agent_ms", "kernel -> agent (gRPC stream)"),
         ("agent_after_raw_ms", "raw socket -> agent (shift's part)"),
+        ("agent_after_shiftd_ms", "shiftd monitor -> agent"),
     ]
     for kind, samples in results.items():
         raw_median = statistics.median(s["raw_ms"] for s in samples)

@@ -10,7 +10,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, common_pb2
 from shiftd import __version__
 from shiftd.agents import AgentError, mr_key, qp_key
-from shiftd.events import SubscriberOverflow
+from shiftd.events import EventBus, StreamWriter, SubscriberOverflow
 from shiftd.nic import FaultMode
 from shiftd.nics import UnknownDevice
 from shiftd.peercred import PeerCred
@@ -106,23 +106,16 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
         self.daemon.agents.unregister(request.agent_id, cred)
         return agent_pb2.UnregisterResponse()
 
-    async def WatchNicEvents(self, request, context) -> AsyncIterator[common_pb2.NicEvent]:
+    async def WatchNicEvents(self, request, context) -> None:
         cred = self._caller(context, admin=False)
         if cred is None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, self._denied_message(context))
         if request.agent_id and request.agent_id not in self.daemon.agents.agents:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no agent {request.agent_id!r} is registered")
-        subscription = self.daemon.bus.subscribe()
-        try:
-            for nic in self.daemon.nics.all_protos():
-                yield self.daemon.snapshot_event(nic)
-            async for event in subscription:
-                if event.WhichOneof("kind") == "nic":
-                    yield event.nic
-        except SubscriberOverflow:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "event stream fell behind; resubscribe")
-        finally:
-            subscription.close()
+        snapshot = [
+            self.daemon.snapshot_event(nic).SerializeToString() for nic in self.daemon.nics.all_protos()
+        ]
+        await _follow(self.daemon.bus, context, snapshot, nic_only=True)
 
     @unary()
     async def Publish(self, request, context, cred):
@@ -218,21 +211,36 @@ class AdminService(_Base, admin_pb2_grpc.AdminServicer):
             nic=await self.daemon.recover_nic(request.device, by_uid=cred.uid)
         )
 
-    async def StreamEvents(self, request, context) -> AsyncIterator[admin_pb2.Event]:
+    async def StreamEvents(self, request, context) -> None:
         if self._caller(context, admin=True) is None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, self._denied_message(context))
-        subscription = self.daemon.bus.subscribe() if request.follow else None
-        try:
-            for event in self.daemon.bus.recent(min(request.backlog, 10000)):
-                yield event
-            if subscription is not None:
-                async for event in subscription:
-                    yield event
-        except SubscriberOverflow:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "event stream fell behind; resubscribe")
-        finally:
-            if subscription is not None:
-                subscription.close()
+        backlog = [e.SerializeToString() for e in self.daemon.bus.recent(min(request.backlog, 10000))]
+        if request.follow:
+            await _follow(self.daemon.bus, context, backlog, nic_only=False)
+        else:
+            for data in backlog:
+                await context.write(data)
+
+
+async def _follow(
+    bus: EventBus, context: grpc.aio.ServicerContext, first: list[bytes], nic_only: bool
+) -> None:
+    """Stream `first`, then the bus's events as they are published, until the client leaves.
+
+    The bus calls the writer from publish() itself, so a NIC event is on its way to the
+    subscriber before the monitor's callback returns (no queue, no task in between).
+    """
+    writer = StreamWriter(context.write)
+    for data in first:
+        writer.deliver(data)
+    bus.subscribe(writer.deliver, nic_only)
+    try:
+        await writer.wait_broken()
+    except SubscriberOverflow:
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "event stream fell behind; resubscribe")
+    finally:
+        bus.unsubscribe(writer.deliver)
+        writer.close()
 
 
 def _wait(seconds: float) -> float:
@@ -252,20 +260,19 @@ def strict_handlers(servicer: object, service: ServiceDescriptor) -> grpc.Generi
     """Handlers that parse requests themselves, so malformed bytes get INVALID_ARGUMENT.
 
     With the generated add_*_to_server, a request that fails to parse ends as UNKNOWN with a
-    Python exception name in the message; a client deserves a proper status.
+    Python exception name in the message; a client deserves a proper status. Streams write
+    bytes serialized by their handlers (an event is serialized once for all its subscribers).
     """
     handlers = {}
     for method in service.methods:
         request_cls = message_factory.GetMessageClass(method.input_type)
         response_cls = message_factory.GetMessageClass(method.output_type)
-        impl = getattr(servicer, method.name)
+        handler = _parsed(getattr(servicer, method.name), request_cls)
         if method.server_streaming:
-            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
-                _parsed_stream(impl, request_cls), response_serializer=response_cls.SerializeToString
-            )
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(handler)
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _parsed_unary(impl, request_cls), response_serializer=response_cls.SerializeToString
+                handler, response_serializer=response_cls.SerializeToString
             )
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
@@ -277,17 +284,9 @@ async def _parse(request_cls: type, raw: bytes, context: grpc.aio.ServicerContex
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {request_cls.DESCRIPTOR.name}")
 
 
-def _parsed_unary(impl: Callable, request_cls: type) -> Callable:
+def _parsed(impl: Callable, request_cls: type) -> Callable:
     async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         return await impl(await _parse(request_cls, raw, context), context)
-
-    return handler
-
-
-def _parsed_stream(impl: Callable, request_cls: type) -> Callable:
-    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        async for reply in impl(await _parse(request_cls, raw, context), context):
-            yield reply
 
     return handler
 

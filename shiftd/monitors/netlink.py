@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 IFF_UP = 0x1
 IFLA_IFNAME, IFLA_OPERSTATE, IFLA_CARRIER = 3, 16, 33
 IFA_ADDRESS, IFA_LOCAL = 1, 2
+LINK_ATTRS = frozenset((IFLA_IFNAME, IFLA_OPERSTATE, IFLA_CARRIER))
+ADDR_ATTRS = frozenset((IFA_ADDRESS, IFA_LOCAL))
 OPERSTATES = ("unknown", "notpresent", "down", "lowerlayerdown", "testing", "dormant", "up")  # RFC 2863
 NLMSG = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, seq, pid
 IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
@@ -91,7 +93,7 @@ def decode(data: bytes | bytearray) -> Iterator[LinkMsg | AddrMsg]:
             family, _, index, flags, _ = IFINFO.unpack_from(data, body)
             if family != socket.AF_UNSPEC:
                 continue
-            attrs = _attributes(data, body + IFINFO.size, end)
+            attrs = _attributes(data, body + IFINFO.size, end, LINK_ATTRS)
             operstate = attrs.get(IFLA_OPERSTATE, b"\0")[0]
             yield LinkMsg(
                 deleted=kind == RTM_DELLINK,
@@ -105,19 +107,28 @@ def decode(data: bytes | bytearray) -> Iterator[LinkMsg | AddrMsg]:
             family, _, _, _, index = IFADDR.unpack_from(data, body)
             if family != socket.AF_INET:
                 continue
-            attrs = _attributes(data, body + IFADDR.size, end)
+            attrs = _attributes(data, body + IFADDR.size, end, ADDR_ATTRS)
             raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)
             if raw is not None:
                 yield AddrMsg(kind == RTM_DELADDR, index, socket.inet_ntop(socket.AF_INET, raw))
 
 
-def _attributes(data: bytes | bytearray, offset: int, end: int) -> dict[int, bytes | bytearray]:
+def _attributes(
+    data: bytes | bytearray, offset: int, end: int, wanted: frozenset[int]
+) -> dict[int, bytes | bytearray]:
+    """The `wanted` attributes, read until all are found: a link message carries ~50 (stats,
+    queues, nested specs), the kernel puts the three we need among the first ~20, and every
+    attribute skipped is Python time on the path to the agents."""
     attrs: dict[int, bytes | bytearray] = {}
     while offset + RTA.size <= end:
         length, kind = RTA.unpack_from(data, offset)
         if length < RTA.size:
             break
-        attrs[kind & 0x3FFF] = data[offset + RTA.size : offset + length]  # without NLA_F_NESTED etc.
+        kind &= 0x3FFF  # without NLA_F_NESTED etc.
+        if kind in wanted:
+            attrs[kind] = data[offset + RTA.size : offset + length]
+            if len(attrs) == len(wanted):
+                break
         offset += (length + 3) & ~3
     return attrs
 
