@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps test test-timing test-unit demo lint proto bench install clean
+.PHONY: setup system-deps test test-unit demo lint proto bench install clean
 
 setup: $(STAMP) system-deps
 
@@ -20,10 +20,6 @@ system-deps:
 
 test: setup
 	$(PY) -m pytest -q
-
-# the quarantined `timing` tests (see pyproject's markers), run on their own
-test-timing: setup
-	SHIFT_RUN_TIMING=1 $(PY) -m pytest -q -m timing
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q -m "not lab"

@@ -301,7 +301,12 @@ def main() -> None:
     parser.add_argument("--retry-cnt", type=int, default=3)
     parser.add_argument("--block", action="store_true", help="wait on a completion channel when idle")
     args = parser.parse_args()
-    logging.basicConfig(level=os.environ.get("SHIFT_TEST_LOG", "WARNING"), stream=sys.stderr)
+    logging.basicConfig(
+        level=os.environ.get("SHIFT_TEST_LOG", "WARNING"),
+        stream=sys.stderr,
+        format="%(asctime)s.%(msecs)03d %(threadName)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     side = Side(args.qps, args.timeout, args.retry_cnt, args.block)
     remote = side.exchange()
     hear()  # go

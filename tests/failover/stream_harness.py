@@ -80,6 +80,17 @@ def wait_nic_state(lab: Lab, host: str, device: str, state: str, timeout: float 
         time.sleep(0.1)
 
 
+def wait_all_up(lab: Lab) -> None:
+    """Until every shiftd of the lab says every NIC is UP, past the hold-down of the last recovery.
+
+    A recovered NIC stays DOWN for the hold-down (1 s in the lab) after its link is back. A stream that
+    starts inside it runs on a NIC its shiftd already calls DOWN; a fault injected then changes no state,
+    so no NIC event goes out and the fault is found late (at the ack deadline) or never (under a flap)."""
+    for host in lab.host_names:
+        for rail in range(lab.shape.nics):
+            wait_nic_state(lab, host, lab.shape.rdma_device(rail), "NIC_STATE_UP")
+
+
 # -- faults ------------------------------------------------------------------------------------------------
 
 
@@ -158,6 +169,7 @@ class Stream:
         sender_args: Sequence[str] = (),
         receiver_args: Sequence[str] = (),
     ) -> None:
+        wait_all_up(lab)  # every test's faults must find healthy NICs
         self.mode = mode
         common = ("--mode", mode, "--qps", str(qps))
         self.sender = Peer(lab, "h0", "sender", *common, *sender_args)

@@ -95,7 +95,6 @@ def link_bounces(lab: Lab) -> None:
         subprocess.run([*link, "up"], check=True)
 
 
-@pytest.mark.timing  # once: the sender's stream ended before the flap moved it (CI run, quiet machine)
 @pytest.mark.parametrize("flap", [operator_flap, link_bounces], ids=["fail-nic-flap", "link-bounces"])
 def test_a_flapping_nic_is_damped(lab: Lab, flap: Callable[[Lab], None]) -> None:
     """A NIC that bounces moves the stream once to the backup and once back after it is stable: shiftd is

@@ -64,7 +64,7 @@ def handshake_held(lab: Lab, stream: Stream, patience: tuple[str, ...]) -> Itera
     finally:
         rail_qdisc(lab, 1, "h1")
     held = time.monotonic() - start
-    assert held < ack_deadline(patience) / 2, f"held {held:.1f} s: too slow a machine for this deadline"
+    assert held < ack_deadline(patience) / 2, f"held {held:.1f} s: its retransmit may outlast the deadline"
 
 
 def patient_stream(lab: Lab, patience: tuple[str, ...]) -> Stream:
@@ -81,7 +81,6 @@ def assert_clean_error(sent: dict, received: dict) -> None:
     assert sent["completed"] <= received["received"] <= sent["posted"], (sent, received)
 
 
-@pytest.mark.timing  # the hold took 8-18 s on a quiet machine: longer than half the deadline
 def test_the_peers_default_fails_during_the_handshake(lab: Lab) -> None:
     """h1's NIC fails while h0's notification is in flight: h1 switches on its own NIC event (not on
     the notification), both handshakes cross, the stream survives."""
@@ -101,7 +100,6 @@ def test_the_peers_default_fails_during_the_handshake(lab: Lab) -> None:
         assert switches(lab, host, since, wait_for=1) == [FAILOVER_ON_NIC_EVENT], host
 
 
-@pytest.mark.timing  # the hold took 8-18 s on a quiet machine: longer than half the deadline
 def test_the_default_recovers_and_fails_again_during_the_handshake(lab: Lab) -> None:
     """h0's NIC comes back (shiftd says UP) and fails again before h1 has answered: the switch completes
     on the backup and stays there, the stream survives."""
@@ -121,7 +119,6 @@ def test_the_default_recovers_and_fails_again_during_the_handshake(lab: Lab) -> 
     assert_reports(lab, since, nic_fault("h0"), 1)
 
 
-@pytest.mark.timing  # the hold took 8-18 s on a quiet machine: longer than half the deadline
 @pytest.mark.parametrize("host", ["h1", "h0"], ids=["receivers-backup", "senders-backup"])
 def test_the_backup_fails_during_the_handshake(lab: Lab, host: str) -> None:
     """mlx5_1 fails while h0's notification is in flight on it. On h1 it is lost (h0 finds out by the ack
