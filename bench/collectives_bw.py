@@ -1,12 +1,18 @@
 """All-reduce bus bandwidth of libshift.collectives against the provider's own write bandwidth, one run.
 
-Builds a lab (prefix `cob`; 2 hosts x 2 NICs unless --ranks says otherwise) and runs one rank per host
+Builds a lab (prefix `cb`; 2 hosts x 2 NICs unless --ranks says otherwise) and runs one rank per host
 (this file with --rank) doing float32 SUM all-reduces from 4 KiB to 64 MiB, between two measurements of
 `shift-perf write_bw` h0 -> h1 on mlx5_0 (libshift.perf, 1 MiB messages as in perf_tcp_provider.py: with
 128 in flight, larger ones can outlast the ack deadline on a loaded machine). Bus bandwidth is
 bytes * 2(n-1)/n / time, the rate at which each rank's link carries the all-reduce; every row carries its
 ratio to the better write_bw (on a shared machine the two differ; the better one is the fair bound).
 Target: >= 0.7 at 64 MiB. Needs root.
+
+Two more figures explain the ratio, they do not replace it. In an all-reduce every rank sends and receives
+at once, so the provider's bidirectional write bandwidth is measured too (h0 and h1 each writing to the
+other at the same time through libshift.perf's write_bw loop, this file with --bidir; per direction), and
+each row has its ratio to that. And every rank reduces (n-1)/n of the bytes with numpy: the ranks time
+np.add(out=) on chunk-sized pieces all at once, and each row shows what its reductions cost at that rate.
 
 Usage: .venv/bin/python bench/collectives_bw.py [--ranks N] [--sizes 4096,...]
 """
@@ -25,22 +31,42 @@ import numpy as np
 
 from libshift.collectives import Communicator, FileStore
 from libshift.collectives.ring import CHUNK
-from libshift.perf import Row
+from libshift.perf import BYTES_PER_SIZE as PERF_BYTES
+from libshift.perf import Row, Side, client_bw
+from libshift.verbs import Context, Endpoint, QPAttr
+from libshift.verbs import enums as e
 from shiftd.lab import Lab
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 TARGET = (64 << 20, 0.7)
 BASELINE_SIZE = 1 << 20  # write_bw's message size
 BYTES_PER_SIZE = 512 << 20  # iterations per size: about this many bytes, within [3, 200]
+REDUCE_BYTES = 64 << 20  # the arrays the reduction rate is timed on (larger than the caches) ...
+REDUCE_PASSES = 3  # ... this many times
+START_DELAY = 0.2  # seconds from the bidirectional test's go to its start, the same moment on both hosts
 
 
 def iterations(size: int) -> int:
     return max(3, min(200, BYTES_PER_SIZE // size))
 
 
+def reduce_rate(comm: Communicator) -> float:
+    """Bytes/s that np.add(out=) reduces in CHUNK pieces on this rank while every rank does the same."""
+    incoming, local = np.ones(REDUCE_BYTES // 4, np.float32), np.ones(REDUCE_BYTES // 4, np.float32)
+    piece = CHUNK // 4
+    comm.barrier()
+    start = time.perf_counter()
+    for _ in range(REDUCE_PASSES):
+        for lo in range(0, local.size, piece):
+            np.add(incoming[lo : lo + piece], local[lo : lo + piece], out=local[lo : lo + piece])
+    return REDUCE_PASSES * REDUCE_BYTES / (time.perf_counter() - start)
+
+
 def rank_main(args: argparse.Namespace) -> None:
-    """One rank: for every size, a warm-up, then timed all-reduces between barriers; rank 0 prints."""
+    """One rank: the reduction rate, then for every size a warm-up and timed all-reduces between barriers;
+    rank 0 prints."""
     with Communicator(FileStore(args.store), args.rank, args.ranks, timeout=120) as comm:
+        reduce = reduce_rate(comm)
         rows = []
         for size in args.sizes:
             x = np.zeros(size // 4, np.float32)  # stays finite however often it is summed
@@ -54,7 +80,36 @@ def rank_main(args: argparse.Namespace) -> None:
             comm.barrier()
             rows.append({"size": size, "iterations": iters, "seconds": seconds})
     if args.rank == 0:
-        print(json.dumps(rows), flush=True)
+        print(json.dumps({"reduce": reduce, "rows": rows}), flush=True)
+
+
+def bidir_main(store_path: str, rank: int) -> None:
+    """One side of the bidirectional test: write_bw's loop towards the other host while it does the same
+    towards this one, from the same moment; prints when it started and ended and how much it wrote."""
+    store = FileStore(store_path)
+    ctx = Context(name="mlx5_0")
+    side = Side(ctx, BASELINE_SIZE)
+    try:
+        mine = {"endpoint": side.qp.endpoint().to_json(), "addr": side.mr.buf, "rkey": side.mr.rkey}
+        store.set(f"bidir/{rank}", json.dumps(mine).encode())
+        peer = json.loads(store.get(f"bidir/{1 - rank}"))
+        attr = QPAttr(qp_access_flags=e.ALL_ACCESS, min_rnr_timer=1)
+        side.qp.connect(Endpoint.from_json(peer["endpoint"]), attr)
+        store.set(f"connected/{rank}", b"1")
+        store.get(f"connected/{1 - rank}")
+        if rank == 0:
+            store.set("start", str(time.monotonic() + START_DELAY).encode())
+        start = float(store.get("start"))  # CLOCK_MONOTONIC: one clock for every namespace
+        time.sleep(max(0.0, start - time.monotonic()))
+        iters = PERF_BYTES // BASELINE_SIZE
+        client_bw("write_bw", side, peer, BASELINE_SIZE, iters)
+        end = time.monotonic()
+        store.set(f"done/{rank}", b"1")
+        store.get(f"done/{1 - rank}")  # the peer still writes into our MR until then
+    finally:
+        side.close()
+        ctx.close()
+    print(json.dumps({"start": start, "end": end, "bytes": iters * BASELINE_SIZE}), flush=True)
 
 
 def write_bw(lab: Lab) -> float:
@@ -76,30 +131,52 @@ def write_bw(lab: Lab) -> float:
         server.wait(timeout=60)
 
 
-def all_reduce_rows(lab: Lab, ranks: int, sizes: list[int]) -> list[dict]:
-    with tempfile.TemporaryDirectory(prefix="cob-") as tmp:
-        procs = []
-        for rank in range(ranks):
-            me = [sys.executable, __file__, "--rank", str(rank), "--ranks", str(ranks), "--store", tmp]
-            argv, env = lab.exec_command(f"h{rank}", [*me, "--sizes", ",".join(map(str, sizes))])
-            procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-        outputs = [proc.communicate(timeout=1800) for proc in procs]
-    for rank, (proc, (_, err)) in enumerate(zip(procs, outputs, strict=True)):
+def on_hosts(lab: Lab, what: str, argvs: list[list[str]]) -> list[str]:
+    """Run argvs[i] on host h{i}, all at once; their outputs, once every one has succeeded."""
+    procs = []
+    for host, argv in enumerate(argvs):
+        argv, env = lab.exec_command(f"h{host}", argv)
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outputs = [proc.communicate(timeout=1800) for proc in procs]
+    for host, (proc, (_, err)) in enumerate(zip(procs, outputs, strict=True)):
         if proc.returncode != 0:
-            raise SystemExit(f"collectives_bw: rank {rank} failed: {err.decode().strip()[-2000:]}")
-    return json.loads(outputs[0][0])
+            raise SystemExit(f"collectives_bw: {what} on h{host} failed: {err.decode().strip()[-2000:]}")
+    return [out.decode() for out, _ in outputs]
 
 
-def table(rows: list[dict], ranks: int, limit: float) -> str:
-    lines = [f"{'bytes':>10} {'iters':>6} {'time':>11} {'bus bw':>13} {'write_bw':>13} {'ratio':>6}"]
-    for row in rows:
+def bidir_bw(lab: Lab) -> float:
+    """The provider's write bandwidth per direction while h0 and h1 write to each other at once (bytes/s):
+    both directions' bytes over the time from the common start to the later end."""
+    with tempfile.TemporaryDirectory(prefix="cb-") as tmp:
+        me = [sys.executable, __file__, "--store", tmp, "--bidir"]
+        sides = [json.loads(out) for out in on_hosts(lab, "bidir", [[*me, "0"], [*me, "1"]])]
+    seconds = max(side["end"] for side in sides) - sides[0]["start"]
+    return sum(side["bytes"] for side in sides) / 2 / seconds
+
+
+def all_reduce_rows(lab: Lab, ranks: int, sizes: list[int]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="cb-") as tmp:
+        me = [sys.executable, __file__, "--ranks", str(ranks), "--store", tmp]
+        me += ["--sizes", ",".join(map(str, sizes))]
+        outputs = on_hosts(lab, "rank", [[*me, "--rank", str(rank)] for rank in range(ranks)])
+    return json.loads(outputs[0])
+
+
+def table(result: dict, ranks: int, limit: float, bidir: float) -> str:
+    lines = [
+        f"{'bytes':>10} {'iters':>6} {'time':>11} {'bus bw':>13} {'write_bw':>13} {'ratio':>6} "
+        f"{'bidir':>13} {'ratio':>6} {'reduce':>11}"
+    ]
+    for row in result["rows"]:
         bus = row["size"] * 2 * (ranks - 1) / ranks / row["seconds"]
+        reduce = row["size"] * (ranks - 1) / ranks / result["reduce"]
         mark = ""
         if row["size"] == TARGET[0]:
             mark = f"   target >= {TARGET[1]}: {'met' if bus / limit >= TARGET[1] else 'MISSED'}"
         lines.append(
             f"{row['size']:>10} {row['iterations']:>6} {row['seconds'] * 1e3:>8.2f} ms "
-            f"{bus / 1e6:>8.1f} MB/s {limit / 1e6:>8.1f} MB/s {bus / limit:>6.2f}{mark}"
+            f"{bus / 1e6:>8.1f} MB/s {limit / 1e6:>8.1f} MB/s {bus / limit:>6.2f} "
+            f"{bidir / 1e6:>8.1f} MB/s {bus / bidir:>6.2f} {reduce * 1e3:>8.2f} ms{mark}"
         )
     return "\n".join(lines)
 
@@ -109,29 +186,35 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=2, help="ranks, one per lab host (default 2)")
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=SIZES)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--bidir", dest="bidir_rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank is not None:
         rank_main(args)
         return 0
+    if args.bidir_rank is not None:
+        bidir_main(args.store, args.bidir_rank)
+        return 0
     if args.ranks < 2:
         print("collectives_bw: --ranks must be at least 2", file=sys.stderr)
         return 2
-    lab = Lab(f"cob{os.getpid() % 100000}", hosts=args.ranks, nics=2)
+    lab = Lab(f"cb{os.getpid() % 100000}", hosts=args.ranks, nics=2)
     lab.up()
     try:
-        before = write_bw(lab)
-        rows = all_reduce_rows(lab, args.ranks, args.sizes)
-        after = write_bw(lab)
+        before, bidir_before = write_bw(lab), bidir_bw(lab)
+        result = all_reduce_rows(lab, args.ranks, args.sizes)
+        after, bidir_after = write_bw(lab), bidir_bw(lab)
     finally:
         lab.down()
-    limit = max(before, after)
+    limit, bidir = max(before, after), max(bidir_before, bidir_after)
     print(
         f"all-reduce float32 SUM, {args.ranks} ranks (chunks up to {CHUNK} B); write_bw h0 -> h1 at "
         f"{BASELINE_SIZE} B messages: "
-        f"{before / 1e6:.1f} MB/s before, {after / 1e6:.1f} MB/s after"
+        f"{before / 1e6:.1f} MB/s before, {after / 1e6:.1f} MB/s after; both ways at once (bidir, per "
+        f"direction): {bidir_before / 1e6:.1f} MB/s before, {bidir_after / 1e6:.1f} MB/s after; np.add "
+        f"on {args.ranks} ranks at once: {result['reduce'] / 1e6:.0f} MB/s per rank"
     )
-    print(table(rows, args.ranks, limit))
+    print(table(result, args.ranks, limit, bidir))
     return 0
 
 

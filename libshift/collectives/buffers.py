@@ -1,10 +1,11 @@
 """Registered memory for the ring: a work buffer to copy small arrays into, and large arrays in place.
 
-A large array is registered as it is (zero-copy: chunks are written from it and reduced into it), and the
-registration is kept, least recently used first out, because training loops reduce the same buffers again
-and again and a registration costs a round trip to shiftd (the backup key is published). A kept
-registration holds its array alive, so its address cannot be reused by other memory while it is cached;
-the cache is bounded in bytes. Small arrays are copied: a copy costs less than a registration.
+A large array is registered as it is (zero-copy: chunks are written from it, reduced into it, and placed
+into it by the left neighbour), and the registration is kept, least recently used first out, because
+training loops reduce the same buffers again and again and a registration costs a round trip to shiftd
+(the backup key is published). A kept registration holds its array alive, so its address cannot be
+reused by other memory while it is cached; the cache is bounded in bytes. Small arrays are copied: a copy
+costs less than a registration.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from libshift.verbs import enums as e
 IN_PLACE_MIN = 4 << 20  # arrays at least this large are registered in place
 CACHE_BYTES = 1 << 30  # registered arrays kept, at most this many bytes
 WORK_MIN = 1 << 20
-ACCESS = e.IBV_ACCESS_LOCAL_WRITE
+ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE  # the left neighbour places chunks
 
 
 @dataclass(frozen=True)

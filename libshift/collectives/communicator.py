@@ -126,7 +126,7 @@ class Communicator:
     ) -> None:
         """Run `steps` (segments of about `segment` bytes) on one array in place, or on the inputs laid end
         to end in the work buffer, the outputs copied back out of it."""
-        chunks = plan.build(steps, plan.chunk_size(segment, CHUNK))
+        chunks = plan.build(steps, plan.chunk_size(segment, CHUNK), direct=segment >= plan.DIRECT_MIN)
         try:
             self._lay_out_and_run(ring, chunks, inputs, outputs, dtype, op, nbytes)
         except CollectiveError as exc:

@@ -5,7 +5,8 @@ neighbour and receives one from its left neighbour. `build` cuts every range int
 staging slot size and lists the chunks in order, once for sending and once for receiving: both neighbours
 compute the same lists, so the sender's n-th chunk is the receiver's n-th chunk. A chunk to send that was
 received in an earlier step waits for exactly that chunk to be applied, so a segment flows on through the
-ring chunk by chunk instead of step by step.
+ring chunk by chunk instead of step by step. In a plan of large segments (`direct`), a chunk the receiver only
+copies is written straight into its place in the receiver's memory instead of a staging slot.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 
 Range = tuple[int, int]  # (offset, bytes) in the work buffer
 PIECES = 4  # a segment is cut into about this many chunks, so that it flows on before it is whole
-MIN_CHUNK = 64 << 10
+MIN_CHUNK = 256 << 10  # smaller chunks cost more in messages and wake-ups than they gain in overlap
 ALIGN = 4096  # chunk sizes are multiples of this, hence of every element size
+DIRECT_MIN = 256 << 10  # segments at least this large are placed directly: the copy saved outweighs a message
 
 
 class Apply(enum.Enum):
@@ -39,6 +41,7 @@ class Send:
     offset: int
     nbytes: int
     after: int  # the index of the received chunk that must be applied before this one is sent; -1: none
+    apply: Apply = Apply.COPY  # what the receiver does with it (its step is the same step of the schedule)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Step:
 class Plan:
     sends: list[Send]
     recvs: list[Recv]
+    direct: bool = False  # COPY chunks go straight into the receiver's memory (ring.py), not a staging slot
 
 
 def chunk_size(segment: int, limit: int) -> int:
@@ -66,21 +70,22 @@ def chunks(span: Range, chunk: int) -> list[Range]:
     return [(offset + at, min(chunk, nbytes - at)) for at in range(0, nbytes, chunk)]
 
 
-def build(steps: list[Step], chunk: int) -> Plan:
-    """The chunk lists of a schedule; `chunk` (bytes) must be a multiple of the element size."""
+def build(steps: list[Step], chunk: int, direct: bool = False) -> Plan:
+    """The chunk lists of a schedule; `chunk` (bytes) must be a multiple of the element size. `direct`
+    must be the same on every rank (a function of sizes all ranks know, as the chunk size is)."""
     sends: list[Send] = []
     recvs: list[Recv] = []
     latest: dict[Range, int] = {}  # chunk -> the index of its latest receive in an earlier step
     for step in steps:
         received: dict[Range, int] = {}
         if step.send is not None:
-            sends += [Send(*piece, latest.get(piece, -1)) for piece in chunks(step.send, chunk)]
+            sends += [Send(*piece, latest.get(piece, -1), step.apply) for piece in chunks(step.send, chunk)]
         if step.recv is not None:
             for piece in chunks(step.recv, chunk):
                 received[piece] = len(recvs)
                 recvs.append(Recv(*piece, step.apply))
         latest.update(received)
-    return Plan(sends, recvs)
+    return Plan(sends, recvs, direct)
 
 
 def reduce_scatter(segments: list[Range], rank: int) -> list[Step]:

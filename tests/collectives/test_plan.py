@@ -136,3 +136,23 @@ def test_ring_order_starts_after_the_owner_and_ends_with_it() -> None:
     assert ops.ring_order(0, 3) == [1, 2, 0]
     assert ops.ring_order(2, 3) == [0, 1, 2]
     assert ops.ring_order(0, 1) == [0]
+
+
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_every_rank_sends_what_its_right_neighbour_receives_and_how_it_is_applied(world: int) -> None:
+    """The ring writes a COPY chunk straight into the receiver's memory only if the sender knows, from its
+    own plan, that the receiver copies it: every send list must equal the right neighbour's receive list,
+    in ranges and in what is done with each chunk."""
+    segments = [(q * 300_000, 300_000) for q in range(world)]
+    schedules = {
+        "all_reduce": lambda r: plan.all_reduce(segments, r),
+        "reduce_scatter": lambda r: plan.reduce_scatter(segments, r),
+        "all_gather": lambda r: plan.all_gather(segments, r),
+        "broadcast": lambda r: plan.broadcast((0, 1_000_000), r, world - 1, world),
+    }
+    for name, steps in schedules.items():
+        plans = [plan.build(steps(r), plan.ALIGN * 16) for r in range(world)]
+        for r, mine in enumerate(plans):
+            theirs = plans[(r + 1) % world].recvs
+            sent = [(s.offset, s.nbytes, s.apply) for s in mine.sends]
+            assert sent == [(c.offset, c.nbytes, c.apply) for c in theirs], f"{name}: rank {r}"
