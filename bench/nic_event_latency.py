@@ -4,7 +4,8 @@ On a lab host (1 host x 2 NICs), each trial takes a link down and times, on CLOC
 (shared by all processes of the machine):
   - kernel -> raw netlink listener: a bare Python netlink socket in another process, the floor;
   - kernel -> shiftd: when shiftd's monitor saw it (NicEvent.monotonic_nanos);
-  - kernel -> agent: when an agent process, subscribed with Agent.WatchNicEvents, received it;
+  - kernel -> agent: when an agent process, subscribed with Agent.WatchNicEvents on a channel set up as
+    libshift's agent sets up its own (CHANNEL_OPTIONS), received it;
 and two differences that take the kernel's share out: raw socket -> agent (shift's part, as
 another process sees it) and shiftd monitor -> agent (health, the event fan-out, the gRPC
 stream write, the socket relay and the client's read: what the daemon's code decides).
@@ -32,8 +33,9 @@ from shiftd.lab import Lab
 
 SUBSCRIBER = """
 import sys, time, grpc
+from libshift.agent import CHANNEL_OPTIONS
 from libshift.api.shift.v1 import agent_pb2, agent_pb2_grpc
-with grpc.insecure_channel("unix:" + sys.argv[1]) as channel:
+with grpc.insecure_channel("unix:" + sys.argv[1], options=CHANNEL_OPTIONS) as channel:
     stub = agent_pb2_grpc.AgentStub(channel)
     agent_id = stub.Register(agent_pb2.RegisterRequest(name="bench"), timeout=10).agent_id
     print("ready", flush=True)
