@@ -39,8 +39,11 @@ class NicHealth:
 
     Starts UNSPECIFIED and decides as soon as it knows enough: DOWN on the first unusable
     signal, otherwise UP (or DEGRADED) once every signal the NIC has is known (the link when it
-    has a netdev, the RDMA port when it is a verbs device). Only state changes produce a
-    Transition; `reason` always tells the current cause, including while DOWN in hold-down.
+    has a netdev, the RDMA port when it is a verbs device). State changes produce a Transition,
+    and so does a relapse: a new problem while DOWN in hold-down is a DOWN again (DOWN -> DOWN),
+    because whoever started to use the NIC meanwhile (its link works; a job may connect its QPs
+    there in those seconds) must hear that it broke again. `reason` always tells the current
+    cause, including while DOWN in hold-down.
     """
 
     def __init__(self, spec: NicSpec, hold_down_seconds: float) -> None:
@@ -135,8 +138,9 @@ class NicHealth:
         return needs_link or needs_port
 
     def _move(self, state: NicState, reason: str, now: float) -> Transition | None:
+        relapse = state is self.state is NicState.DOWN and self.reason == "hold_down" != reason
         self.reason = reason
-        if state is self.state:
+        if state is self.state and not relapse:
             return None
         previous, self.state, self.last_change = self.state, state, now
         return Transition(self.spec.device, previous, state, reason, now)

@@ -148,20 +148,22 @@ def test_flapping_link_stays_down_and_each_bounce_restarts_the_hold() -> None:
         transitions.append(health.tick(now + 0.5))
         now += 0.5
     changes = [t for t in transitions if t is not None]
-    assert changes == [Transition("tcp0", UP, DOWN, "carrier_lost", 1.0)]
+    relapses = [Transition("tcp0", DOWN, DOWN, "carrier_lost", 1.0 + 0.5 * i) for i in range(1, 5)]
+    assert changes == [Transition("tcp0", UP, DOWN, "carrier_lost", 1.0), *relapses]
     assert health.next_deadline() == pytest.approx(now - 0.25 + HOLD)
     assert health.link_events == 10
     assert health.tick(now - 0.25 + HOLD - 0.01) is None
     assert health.tick(now - 0.25 + HOLD) == Transition("tcp0", DOWN, UP, "recovered", now - 0.25 + HOLD)
 
 
-def test_bounce_during_hold_cancels_the_deadline_and_reports_its_cause() -> None:
+def test_bounce_during_hold_is_a_relapse_that_cancels_the_deadline() -> None:
     health = up_nic()
     health.update_link(NO_CARRIER, 0.0)
     health.update_link(GOOD, 1.0)
     assert health.reason == "hold_down"
-    assert health.update_link(ADMIN_DOWN, 2.0) is None
+    assert health.update_link(ADMIN_DOWN, 2.0) == Transition("tcp0", DOWN, DOWN, "admin_down", 2.0)
     assert (health.state, health.reason, health.next_deadline()) == (DOWN, "admin_down", None)
+    assert health.update_link(NO_CARRIER, 2.5) is None  # still broken: no relapse without the hold
     assert health.tick(3.5) is None
     assert health.state is DOWN
 
@@ -250,7 +252,8 @@ INPUTS = st.one_of(
 @given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0]) | st.floats(0, 3), INPUTS), max_size=60))
 def test_invariants_over_any_sequence(steps: list[tuple[float, tuple[str, object]]]) -> None:
     """DOWN whenever anything is wrong; never UP/DEGRADED sooner than the hold after being DOWN
-    and last wrong; transitions are exactly the state changes."""
+    and last wrong; transitions are exactly the state changes and the relapses (a new problem
+    during the hold-down)."""
     health = up_nic(VERBS)  # most sequences that matter start from a working NIC
     feed = {
         "link": health.update_link,
@@ -263,11 +266,13 @@ def test_invariants_over_any_sequence(steps: list[tuple[float, tuple[str, object
     for gap, (kind, value) in steps:
         now += gap
         last[kind] = value
+        held = health.reason == "hold_down"
         transition = health.tick(now) if kind == "tick" else feed[kind](value, now)
         if transition is not None:
             assert (transition.previous, transition.state, transition.at) == (state, health.state, now)
             assert transition.reason == health.reason
-        assert health.state is state or transition is not None
+        relapse = held and health.state is DOWN and health.reason != "hold_down"
+        assert (health.state is not state or relapse) == (transition is not None)
         state = health.state
         link, port = last.get("link"), last.get("port")
         wrong = (

@@ -33,6 +33,13 @@ def lab():
         yield lab
 
 
+def nic_reason(lab, host, device):
+    """The NIC's reason as shiftd has it now (ListNics; etcd and events follow state changes only)."""
+    with grpc.insecure_channel(f"unix:{lab.socket(host)}") as channel:
+        nics = admin_pb2_grpc.AdminStub(channel).ListNics(admin_pb2.ListNicsRequest(), timeout=5).nics
+    return next(nic.reason for nic in nics if nic.device == device)
+
+
 def shiftctl(lab, host, *args):
     argv, env = lab.exec_command(host, ["shiftctl", *args])
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
@@ -215,6 +222,30 @@ def test_flapping_link_stays_down_until_stable(lab):
         held = (up.time_unix_nanos - cleared[-1].time_unix_nanos) / 1e9
         assert 0.95 <= held < 3  # the lab's 1 s hold-down, counted from the recovery
     finally:
+        stream.close()
+        recover(lab, "h0", "mlx5_0")
+
+
+def test_a_relapse_during_the_hold_down_is_news_for_the_agents(lab):
+    """The switch port goes down, up, and down again within the hold-down: shiftd never said UP in
+    between, but a job may have connected its QPs on the working link meanwhile, so the agents hear
+    DOWN again (previous state DOWN, the new reason)."""
+    stream = Stream(lab, "h0", kind="agent")
+    port = ["ip", "-n", lab.shape.rail_ns(0), "link", "set", "h0"]
+    try:
+        stream.wait_nic("mlx5_0", UP)  # the snapshot
+        subprocess.run([*port, "down"], check=True)
+        assert stream.wait_nic("mlx5_0", DOWN).reason == "carrier_lost"
+        subprocess.run([*port, "up"], check=True)
+        assert wait_until(lambda: nic_reason(lab, "h0", "mlx5_0") == "hold_down", timeout=0.9)
+        subprocess.run([*port, "down"], check=True)
+        relapse = stream.wait_nic("mlx5_0", DOWN)
+        assert (relapse.previous_state, relapse.reason) == (DOWN, "carrier_lost")
+        assert not [e for e in stream.seen if e.state == UP and e.reason == "recovered"]
+        subprocess.run([*port, "up"], check=True)
+        assert stream.wait_nic("mlx5_0", UP).reason == "recovered"
+    finally:
+        subprocess.run([*port, "up"], check=False)
         stream.close()
         recover(lab, "h0", "mlx5_0")
 
