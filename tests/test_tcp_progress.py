@@ -11,11 +11,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
 from veth_contexts import veth_contexts
 
+from libshift.providers.tcp.engine import GRACE
 from libshift.verbs import (
     CQ,
     MR,
@@ -110,24 +112,75 @@ def pushed_on(side: End) -> list[int]:
     return threads
 
 
+@contextmanager
+def stretched_grace(end: End, seconds: float) -> Iterator[None]:
+    """Keep end's engine thread off epoll for `seconds` after the application's last call, so that a loaded
+    machine, which may not run the application's thread for milliseconds, cannot hand the engine thread the
+    work a test expects of the application's thread; afterwards the engine thread takes the usual GRACE."""
+    engine = end.qp.impl.engine
+    engine.grace = seconds
+    try:
+        yield
+    finally:
+        engine.grace = GRACE
+        engine.wake()  # it may be parked for the stretched time: let it look again
+
+
 def test_the_waiting_thread_makes_its_own_completion(make_pair) -> None:
     a, b = make_pair()
     threads = pushed_on(b)
-    for n in range(5):
-        b.qp.post_recv(RecvWR(wr_id=n, sg=b.sge(8)))
-        a.mr.write(b"msg %4d" % n)
+    with stretched_grace(b, 1.0):
+        for n in range(5):
+            b.qp.post_recv(RecvWR(wr_id=n, sg=b.sge(8)))
+            a.mr.write(b"msg %4d" % n)
 
-        def send_later(n: int = n) -> None:
-            time.sleep(0.05)  # after b's thread is blocked in get_cq_event
-            a.qp.post_send(SendWR(wr_id=n, opcode=e.IBV_WR_SEND, sg=a.sge(8), send_flags=0))
+            def send_later(n: int = n) -> None:
+                time.sleep(0.05)  # after b's thread is blocked in get_cq_event
+                a.qp.post_send(SendWR(wr_id=n, opcode=e.IBV_WR_SEND, sg=a.sge(8), send_flags=0))
 
-        sender = threading.Thread(target=send_later)
-        sender.start()
-        wc = b.wait()
-        sender.join()
-        assert (wc.wr_id, wc.status, wc.opcode) == (n, e.IBV_WC_SUCCESS, e.IBV_WC_RECV)
-        assert b.mr.read(8) == b"msg %4d" % n
+            sender = threading.Thread(target=send_later)
+            sender.start()
+            wc = b.wait()
+            sender.join()
+            assert (wc.wr_id, wc.status, wc.opcode) == (n, e.IBV_WC_SUCCESS, e.IBV_WC_RECV)
+            assert b.mr.read(8) == b"msg %4d" % n
     assert threads == [threading.get_ident()] * 5
+
+
+def test_a_polling_thread_makes_its_own_completions() -> None:
+    """A poll counts as the application being there: the engine thread, which led while nobody called in,
+    leaves epoll for GRACE (stretched here, so that a loaded machine cannot make the poller look away), and
+    the poller's own passes read, place and complete. The wake-up that makes the engine thread leave must
+    survive the poller's pass over the same epoll set, which sees the wake-up's eventfd too."""
+    with veth_contexts("lt4", "198.18.98") as (_, ctx_a, ctx_b):
+        pd_a, pd_b = PD(ctx_a), PD(ctx_b)
+        a, b = end(ctx_a, pd_a), end(ctx_b, pd_b)
+        for one, other in ((a, b), (b, a)):
+            one.qp.connect(other.qp.endpoint(), QPAttr(qp_access_flags=ALL))
+        engine = b.qp.impl.engine
+        with stretched_grace(b, 2.0):
+            time.sleep(2.1)  # nobody called into B for GRACE: its engine thread leads, waiting in epoll
+            threads = pushed_on(b)
+            b.qp.post_recv(RecvWR(wr_id=1, sg=b.sge(8)))
+            assert engine._leader == engine._ident  # (private state: what this test is about)
+            assert b.cq.poll(1)[1] == []  # one poll: the engine thread is told to step aside for GRACE
+            deadline = time.monotonic() + 1
+            while engine._leader and time.monotonic() < deadline:
+                time.sleep(1e-3)
+            assert not engine._leader
+            a.mr.write(b"by poll!")
+            a.qp.post_send(SendWR(wr_id=1, opcode=e.IBV_WR_SEND, sg=a.sge(8), send_flags=0))
+            time.sleep(0.1)  # the message is in B's socket; an engine thread still in epoll would take it now
+            deadline = time.monotonic() + 5
+            while not (got := b.cq.poll(1)[1]) and time.monotonic() < deadline:
+                time.sleep(1e-4)
+            assert [(wc.wr_id, wc.status) for wc in got] == [(1, e.IBV_WC_SUCCESS)]
+            assert b.mr.read(8) == b"by poll!"
+            assert threads == [threading.get_ident()]
+        for one in (a, b):
+            one.close()
+        for pd in (pd_a, pd_b):
+            pd.close()
 
 
 def test_the_engine_thread_serves_the_peer_while_the_application_is_away(make_pair) -> None:

@@ -7,19 +7,20 @@ memory, no copy), or None to read it into a scratch buffer and drop it.
 
 from __future__ import annotations
 
-import selectors
 import socket
 from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
 
 from libshift.providers.tcp import wire
-from libshift.providers.tcp.engine import STAGING, Engine
+from libshift.providers.tcp.engine import READ, STAGING, WRITE, Engine
 
 Buffers = list[memoryview]
 READ_BUDGET = 4 << 20  # bytes per wake-up before other sockets get their turn
 DIRECT = 1 << 14
+HEADER_SIZE = wire.HEADER.size
 _NOTHING = memoryview(b"")
+_NO_FRAME: Sequence[bytes | memoryview] = ()
 
 
 class Sink(Protocol):
@@ -31,8 +32,17 @@ class Sink(Protocol):
     def on_engine_error(self, exc: BaseException) -> None: ...
 
 
-def _views(buffers: Sequence[bytes | memoryview]) -> Buffers:
-    return [memoryview(b) for b in buffers if len(b)]
+def _rest(buffers: Sequence[bytes | memoryview], sent: int) -> Buffers:
+    """What is left of a frame after `sent` of its bytes went out, as non-empty memoryviews."""
+    rest: Buffers = []
+    for buf in buffers:
+        size = len(buf)
+        if sent >= size:
+            sent -= size
+            continue
+        rest.append(memoryview(buf)[sent:])
+        sent = 0
+    return rest
 
 
 class Connection:
@@ -43,11 +53,11 @@ class Connection:
         self.closed = False
         self.closing = False
         self._shut = False
-        self._out: deque[Buffers] = deque()
-        self._cur: Buffers = []
+        self._out: deque[Sequence[bytes | memoryview]] = deque()
+        self._cur: Sequence[bytes | memoryview] = _NO_FRAME  # the frame being sent (the rest of it)
         self._want_write = False
         self._bulk = False  # as last told to the engine (see Engine.bulk)
-        self._hdr = bytearray(wire.HEADER.size)
+        self._hdr = bytearray(HEADER_SIZE)
         self._hdr_view = memoryview(self._hdr)
         self._hdr_got = 0
         self._frame: wire.Header | None = None
@@ -56,13 +66,13 @@ class Connection:
         self._placing = False
         self._rx_view = _NOTHING  # staged input not parsed yet is _rx_view[_rx_pos:_rx_end]
         self._rx_pos = self._rx_end = 0
-        engine.watch(sock.fileno(), selectors.EVENT_READ, self._ready, sink.on_engine_error)
+        engine.watch(sock.fileno(), READ, self._ready, sink.on_engine_error)
 
     # -- output -------------------------------------------------------------------------------------------
 
     def send_frame(self, buffers: Sequence[bytes | memoryview]) -> None:
         """Queue a frame ahead of further requests (responses go first) and try to send it now."""
-        self._out.append(_views(buffers))
+        self._out.append(buffers)
         self.pump()
 
     def close_when_sent(self) -> None:
@@ -76,52 +86,47 @@ class Connection:
         self.pump()
 
     def pump(self) -> None:
-        """Write frames until the socket is full or nothing is left; caller holds the engine lock."""
+        """Write frames until the socket is full or nothing is left; caller holds the engine lock.
+
+        A frame goes to sendmsg as the buffers it was made of; only a partial send turns the rest into
+        memoryviews to slice (the usual small frame leaves in one call, with no copy and no slicing)."""
+        sock, out = self.sock, self._out
         while not self.closed:
-            if not self._cur:
-                if self._out:
-                    self._cur = self._out.popleft()
+            cur = self._cur
+            if not cur:
+                if out:
+                    cur = out.popleft()
+                elif self.closing:
+                    break
                 else:
-                    frame = None if self.closing else self.sink.next_request(self)
-                    if frame is None:
+                    cur = self.sink.next_request(self)
+                    if cur is None:
                         break
-                    self._cur = _views(frame)
-                    continue
             try:
-                sent = self.sock.sendmsg(self._cur)
+                sent = sock.sendmsg(cur)
             except (BlockingIOError, InterruptedError):
-                self._set_want_write(True)
-                return
+                sent = 0
             except OSError as exc:
                 self._broken(f"send failed: {exc.strerror or exc}")
                 return
-            self._advance(sent)
-            if self._cur:
+            if sent < sum(map(len, cur)):
+                self._cur = _rest(cur, sent)
                 self._set_want_write(True)
                 return
-        self._set_want_write(False)
-        if self.closing and not self._shut and not self._cur and not self._out:
+            self._cur = _NO_FRAME
+        if self._want_write:
+            self._set_want_write(False)
+        if self.closing and not self._shut and not self._cur and not out:
             self._shut = True
             try:
-                self.sock.shutdown(socket.SHUT_WR)
+                sock.shutdown(socket.SHUT_WR)
             except OSError:
                 self.close()
-
-    def _advance(self, sent: int) -> None:
-        cur = self._cur
-        while sent and cur:
-            first = cur[0]
-            if sent >= len(first):
-                sent -= len(first)
-                cur.pop(0)
-            else:
-                cur[0] = first[sent:]
-                sent = 0
 
     def _set_want_write(self, want: bool) -> None:
         if want != self._want_write and not self.closed:
             self._want_write = want
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
+            events = READ | (WRITE if want else 0)
             self.engine.watch(self.sock.fileno(), events, self._ready, self.sink.on_engine_error)
             self._note_bulk()
 
@@ -135,9 +140,9 @@ class Connection:
     # -- input --------------------------------------------------------------------------------------------
 
     def _ready(self, mask: int) -> None:
-        if mask & selectors.EVENT_WRITE:
+        if mask & WRITE:
             self.pump()
-        if mask & selectors.EVENT_READ and not self.closed:
+        if mask & READ and not self.closed:
             self._read()
             if not self.closed:
                 self._note_bulk()
@@ -147,7 +152,7 @@ class Connection:
         """Read what the socket holds now, as epoll would have reported it; for a deadline that falls due
         while the engine was busy with other sockets (with a thousand of them, one epoll wait does not even
         return them all), so that an ack already here is not missed."""
-        self._ready(selectors.EVENT_READ)
+        self._ready(READ)
 
     def _read(self) -> None:
         """Parse frames from a small staging buffer; large payloads bypass it and land straight in place.
@@ -164,7 +169,8 @@ class Connection:
         budget = READ_BUDGET
         drained = False  # a small read came back short: the socket is empty (epoll reports the rest later)
         while budget > 0 and not self.closed:
-            if self._rx_pos == self._rx_end:
+            pos, end = self._rx_pos, self._rx_end
+            if pos == end:
                 if self._frame is not None and self._left >= DIRECT:  # a stream: read on while it flows
                     view = self._targets[0] if self._placing else self._stage()
                     got = self._recv(view[: self._left])
@@ -179,30 +185,28 @@ class Connection:
                 if got is None:
                     return
                 drained = got < STAGING
+                pos, end = 0, got
                 self._rx_pos, self._rx_end = 0, got
                 budget -= got
-            take = self._rx_end - self._rx_pos
-            if self._frame is None:
-                if not self._hdr_got and take >= wire.HEADER.size:  # a whole header: no copy
-                    hdr = wire.unpack_from(self._rx_view, self._rx_pos)
-                    self._rx_pos += wire.HEADER.size
-                    self._begin(hdr)
-                    continue
-                take = min(take, len(self._hdr) - self._hdr_got)
-                self._hdr_view[self._hdr_got : self._hdr_got + take] = self._rx_view[
-                    self._rx_pos : self._rx_pos + take
-                ]
-                self._rx_pos += take
+            if self._frame is not None:
+                take = min(end - pos, self._left)
+                if self._placing:
+                    target = self._targets[0]
+                    take = min(take, len(target))
+                    target[:take] = self._rx_view[pos : pos + take]
+                self._rx_pos = pos + take
+                self._consume(take)
+            elif not self._hdr_got and end - pos >= HEADER_SIZE:  # a whole header: no copy
+                self._rx_pos = pos + HEADER_SIZE
+                self._begin(wire.unpack_from(self._rx_view, pos))
+            else:
+                take = min(end - pos, HEADER_SIZE - self._hdr_got)
+                self._hdr_view[self._hdr_got : self._hdr_got + take] = self._rx_view[pos : pos + take]
+                self._rx_pos = pos + take
                 self._hdr_got += take
-                if self._hdr_got == len(self._hdr):
+                if self._hdr_got == HEADER_SIZE:
                     self._hdr_got = 0
                     self._begin(wire.unpack(self._hdr))
-                continue
-            take = min(take, self._left, len(self._targets[0]) if self._placing else take)
-            if self._placing:
-                self._targets[0][:take] = self._rx_view[self._rx_pos : self._rx_pos + take]
-            self._rx_pos += take
-            self._consume(take)
 
     def _stage(self) -> memoryview:
         """The buffer to read into: the engine's staging buffer, shared by its connections (reads run one at
@@ -219,19 +223,22 @@ class Connection:
     def _unstage(self) -> None:
         """Give the engine's staging buffer back, keeping a copy of any input not parsed yet (a read that
         used up its budget)."""
-        if self.engine.staging_user is not self:
+        engine = self.engine
+        if engine.staging_user is not self:
             return
-        self.engine.staging_user = None
-        rest = self._rx_view[self._rx_pos : self._rx_end]
-        self._rx_view = memoryview(bytes(rest)) if len(rest) else _NOTHING
-        self._rx_pos, self._rx_end = 0, len(rest)
+        engine.staging_user = None
+        pos, end = self._rx_pos, self._rx_end
+        self._rx_view = memoryview(bytes(self._rx_view[pos:end])) if pos < end else _NOTHING
+        self._rx_pos, self._rx_end = 0, end - pos
 
     def _consume(self, got: int) -> None:
         """`got` payload bytes of the current frame have been placed (or dropped)."""
         if self._placing:
-            self._targets[0] = self._targets[0][got:]
-            if not self._targets[0]:
-                self._targets.pop(0)
+            targets = self._targets
+            if got == len(targets[0]):
+                del targets[0]
+            else:
+                targets[0] = targets[0][got:]
         self._left -= got
         if self._left == 0:
             self._end()
@@ -256,21 +263,29 @@ class Connection:
             self._broken(f"protocol error: {reason}")
             return
         self._frame = hdr
-        self._left = wire.payload_length(hdr)
+        self._left = left = wire.payload_length(hdr)
         targets = self.sink.on_header(self, hdr) if not self.closed else None
-        kept, room = [], 0
-        for target in targets or ():
-            if len(target):
-                kept.append(target)
-                room += len(target)
-        self._placing = targets is not None and room == self._left
-        self._targets = kept if self._placing else []
-        if self._left == 0:
+        placing = targets is not None and sum(map(len, targets)) == left
+        pos = self._rx_pos
+        if left <= self._rx_end - pos:  # the whole payload is staged already: place it and be done
+            if placing:
+                view = self._rx_view
+                for target in targets or ():
+                    size = len(target)
+                    target[:] = view[pos : pos + size]
+                    pos += size
+            self._rx_pos = pos + (0 if placing else left)
+            self._placing = placing
             self._end()
+        elif placing:
+            self._placing = True
+            self._targets = [target for target in targets or () if len(target)]
 
     def _end(self) -> None:
         hdr, placed = self._frame, self._placing
-        self._frame, self._targets, self._placing = None, [], False
+        self._frame = None
+        if placed:
+            self._placing, self._targets = False, []
         if hdr is not None and not self.closed:
             self.sink.on_frame(self, hdr, placed)
 
@@ -286,4 +301,4 @@ class Connection:
         self.engine.unwatch(self.sock.fileno())
         self.sock.close()
         self._out.clear()
-        self._cur = []
+        self._cur = _NO_FRAME

@@ -30,11 +30,13 @@ class TcpChannel(ProviderChannel):
         self._leading = 0  # waiters of this channel that hold (or are about to take) the engine's lead
         self._poked = False  # the lead was released since the waiter last tried to take it
         self._woken = False  # wake() was called: the next wait returns None at once
+        self._sleeping = 0  # waiters on the condition (Condition.notify costs a microsecond even for none)
 
     def notify(self, cq: TcpCQ) -> None:
         with self._cond:
             self._events.append(cq)
-            self._cond.notify()
+            if self._sleeping:
+                self._cond.notify()
             leading = self._leading
         if leading and not self._engine.leads_here():
             self._engine.wake()  # the waiter sleeps in epoll, not on the condition
@@ -71,12 +73,20 @@ class TcpChannel(ProviderChannel):
                     self._leading += 1
                 try:
                     led = self._engine.turn(left, self._poke)
-                finally:
+                except BaseException:
                     with self._cond:
                         self._leading -= 1
-                if not led:
-                    with self._cond:
-                        self._cond.wait_for(lambda: self._events or self._poked or self._woken, left)
+                    raise
+                with self._cond:
+                    self._leading -= 1
+                    if self._events:  # the usual end: the event came while this thread led
+                        return self._events.popleft()
+                    if not led:
+                        self._sleeping += 1
+                        try:
+                            self._cond.wait_for(lambda: self._events or self._poked or self._woken, left)
+                        finally:
+                            self._sleeping -= 1
         finally:
             self._engine.unfollow(self._poke)
 
@@ -97,13 +107,12 @@ class TcpCQ(ProviderCQ):
     def push(self, wc: WC, solicited: bool = False) -> bool:
         """Queue a completion; False when the CQ has overflowed (the completion is lost, as on an RNIC)."""
         with self._lock:
-            if not self.overflowed and len(self._wcs) >= self.cqe:
+            if self.overflowed or len(self._wcs) >= self.cqe:
                 self.overflowed = True
-            if not self.overflowed:
+            else:
                 self._wcs.append(wc)
-            fire = self._armed is not None and (
-                not self._armed or solicited or wc.status != 0 or self.overflowed
-            )
+            armed = self._armed
+            fire = armed is not None and (not armed or solicited or wc.status != 0 or self.overflowed)
             if fire:
                 self._armed = None
         if fire and self.channel is not None:
@@ -111,13 +120,19 @@ class TcpCQ(ProviderCQ):
         return not self.overflowed
 
     def poll(self, num_entries: int) -> list[WC]:
-        if not self._wcs:
+        wcs = self._wcs
+        if not wcs:
             self._progress()
+            if not wcs and not self.overflowed:
+                return []  # (read without the lock: a push in between is seen by the next poll)
         with self._lock:
             if self.overflowed:
                 raise CQOverflowError(f"CQ overflow: more than {self.cqe} completions were not polled")
-            count = min(num_entries, len(self._wcs))
-            return [self._wcs.popleft() for _ in range(count)]
+            if num_entries >= len(wcs):
+                got = list(wcs)
+                wcs.clear()
+                return got
+            return [wcs.popleft() for _ in range(num_entries)]
 
     def req_notify(self, solicited_only: bool) -> None:
         with self._lock:

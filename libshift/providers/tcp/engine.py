@@ -5,10 +5,11 @@ once. Waiting in epoll is a separate role, the lead, held by one thread at a tim
 application thread that blocks for a completion takes the lead itself, so the bytes it waits for are read,
 placed, acknowledged and completed on its own thread: no wake-up of another thread and no hand-over of the
 interpreter lock sits between the wire and the completion (each hand-over costs tens of microseconds on a
-busy 2-core box). The engine's own thread leads whenever no application thread has led for GRACE, so acks,
-responder work and timers still flow while the application is away; meanwhile it parks, off epoll, so that
-it does not wake for every frame. A handler that raises never stops the engine: the error is handed to the
-handler's owner (its QP goes to ERR) and recorded in `failures`.
+busy 2-core box). An application thread that polls a CQ makes a non-blocking pass itself (poll_once). The
+engine's own thread leads whenever no application thread has led or polled for GRACE, so acks, responder
+work and timers still flow while the application is away; meanwhile it parks, off epoll and off the lock, so
+that it does not race the application to every frame. A handler that raises never stops the engine: the
+error is handed to the handler's owner (its QP goes to ERR) and recorded in `failures`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import operator
 import os
 import select
 import selectors
@@ -31,11 +33,14 @@ Poke = Callable[[], None]
 GRACE = 2e-3  # how long after an application thread last led the engine thread stays parked
 STAGING = 1 << 16  # the staging buffer the connections read small frames into (see Connection._stage)
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE  # the masks handlers see, as with selectors
+_NOT_IN, _NOT_OUT = ~select.EPOLLIN, ~select.EPOLLOUT  # epoll flags that mean "writable", "readable"
+_due = operator.itemgetter(0)  # a timer's deadline
 
 
 class Engine:
     def __init__(self, name: str) -> None:
         self.lock = threading.RLock()
+        self.grace = GRACE  # per engine, so that a test can stretch it without touching other contexts
         self.failures: list[BaseException] = []
         # epoll itself, not selectors: the wrapper costs a few microseconds per wait, and a leg makes several
         self._epoll = select.epoll()
@@ -93,17 +98,19 @@ class Engine:
     ) -> None:
         """Arm (or with None, cancel) the one timer of `owner`; callback runs with the lock held.
 
-        The waiting thread is woken only when the new deadline comes before the end of its current wait: a
+        A thread waiting in epoll is woken only when the new deadline comes before the end of its wait: a
         wake-up costs a thread switch and a fight for the interpreter lock, which shows in every round trip.
+        The parked engine thread is not woken at all: the application's own passes fire the timers that fall
+        due while it calls in, and the engine thread is back within GRACE of its last call.
         """
         if deadline is None:
             gone = self._timers.pop(owner, None)
             if gone is not None and gone[0] <= self._first_due:
-                self._first_due = min((timer[0] for timer in self._timers.values()), default=math.inf)
+                self._first_due = min(map(_due, self._timers.values()), default=math.inf)
             return
         self._timers[owner] = (deadline, callback, on_error)
         self._first_due = min(self._first_due, deadline)
-        if deadline < self._sleep_until and self._leader != threading.get_ident():
+        if deadline < self._sleep_until and self._leader not in (0, threading.get_ident()):
             self.wake()
 
     def bulk(self, fd: int, busy: bool) -> None:
@@ -168,7 +175,7 @@ class Engine:
             self._sleep_until = 0.0  # nobody waits: a timer set now fires <= GRACE late
             if app:
                 self._app_led = time.monotonic()
-                if self._bulk or self._app_led - self._lead_since > GRACE:
+                if self._bulk or self._app_led - self._lead_since > self.grace:
                     self._unpark.set()  # the engine thread may sleep until told (see _aside)
             self._lead.release()
             if len(self._followers) > (poke is not None) and (app or self._steps_aside()):
@@ -185,10 +192,17 @@ class Engine:
     def poll_once(self) -> None:
         """One non-blocking pass on the caller's thread, unless another thread is dispatching now.
 
-        An application that busy-polls its CQ thereby moves its own data. Events seen here may be seen again
-        by the leader; every handler finds nothing to do the second time.
+        An application that busy-polls its CQ thereby moves its own data, and it counts as leading: the engine
+        thread steps aside for GRACE, instead of racing the poller to every frame from epoll (a hand-over of
+        the interpreter lock per message). Events seen here may be seen again by the leader; every handler
+        finds nothing to do the second time.
         """
-        if self._stopping or not self.lock.acquire(blocking=False):
+        if self._stopping:
+            return
+        self._app_led = time.monotonic()
+        if self._leader == self._ident:
+            self.wake()
+        if not self.lock.acquire(blocking=False):
             return
         try:
             self._dispatch(self._epoll.poll(0))
@@ -214,7 +228,10 @@ class Engine:
             self._unpark.clear()  # before looking: a wake-up from now on is not lost
             aside = self._aside()
             if aside is None or aside > 0:
-                self._park(aside)
+                # Park while the application drives progress: its own passes (poll_once, turn) read the
+                # sockets and fire the timers that fall due meanwhile, so this thread keeps off the lock and
+                # the interpreter lock until the application has been away for GRACE; then it leads.
+                self._unpark.wait(aside)
             else:
                 self.turn()
 
@@ -225,21 +242,11 @@ class Engine:
         GRACE after one began. A bulk transfer with nobody leading is never left to the application."""
         now = time.monotonic()
         if self._leader not in (0, self._ident):
-            rest = self._lead_since + GRACE - now
+            rest = self._lead_since + self.grace - now
             return rest if rest > 0 else None
         if self._bulk:
             return 0.0
-        return self._app_led + GRACE - now
-
-    def _park(self, aside: float | None) -> None:
-        """Sleep while the application drives progress; if nobody leads when it ends, take what the sockets
-        hold, then fire the timers that fell due (firing them first could time out an ack already here)."""
-        with self.lock:
-            sleep = aside if self._leader else self._wait_for(aside)
-        self._unpark.wait(None if sleep is None or sleep < 0 else sleep)
-        if not self._leader and not self._stopping:
-            with self.lock:
-                self._dispatch(self._epoll.poll(0))
+        return self._app_led + self.grace - now
 
     # -- dispatch, on whichever thread leads --------------------------------------------------------------
 
@@ -252,12 +259,18 @@ class Engine:
         return -1 if end == math.inf else max(0.0, end - now)
 
     def _dispatch(self, events: list[tuple[int, int]]) -> None:
+        handlers = self._handlers
         for fd, flags in events:
-            watched = self._handlers.get(fd)
+            watched = handlers.get(fd)
             if watched is not None:
-                mask = (WRITE if flags & ~select.EPOLLIN else 0) | (READ if flags & ~select.EPOLLOUT else 0)
-                self._call(fd, watched[0], mask & watched[1])
-            elif fd == self._wake_fd:
+                mask = (WRITE if flags & _NOT_IN else 0) | (READ if flags & _NOT_OUT else 0)
+                try:
+                    watched[0](mask & watched[1])
+                except Exception as exc:
+                    self._fail(self._errors.get(fd), exc)
+            elif fd == self._wake_fd and self._leader == threading.get_ident():
+                # Only the leader drains it: the wake-up is for its wait in epoll, and a poll_once pass
+                # that drained it first would leave the leader asleep (until its timeout, or for ever).
                 self._drain_wake()
         if self._first_due <= time.monotonic():
             self._fire_timers()
@@ -265,12 +278,6 @@ class Engine:
     def _drain_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self._wake_fd)
-
-    def _call(self, fd: int, handler: Handler, mask: int) -> None:
-        try:
-            handler(mask)
-        except Exception as exc:
-            self._fail(self._errors.get(fd), exc)
 
     def _fire_timers(self) -> None:
         now = time.monotonic()
@@ -282,7 +289,7 @@ class Engine:
                 timer[1]()
             except Exception as exc:
                 self._fail(timer[2], exc)
-        self._first_due = min((timer[0] for timer in self._timers.values()), default=math.inf)
+        self._first_due = min(map(_due, self._timers.values()), default=math.inf)
 
     def _fail(self, on_error: ErrorHandler | None, exc: BaseException) -> None:
         log.exception("tcp provider: handler failed", exc_info=exc)

@@ -121,6 +121,7 @@ class TcpQP(ProviderQP):
                 self._to_rtr(attr)
             else:
                 self.timeout, self.retry_cnt, self.rnr_retry = attr.timeout, attr.retry_cnt, attr.rnr_retry
+                self.requester.configure(self.timeout, self.retry_cnt)
                 if current == S.IBV_QPS_RTR:
                     self.requester.start(self.psn if attr.sq_psn is None else attr.sq_psn)
             self._state = target
@@ -219,21 +220,32 @@ class TcpQP(ProviderQP):
     # -- posting ------------------------------------------------------------------------------------------
 
     def post_send(self, wr: SendWR) -> None:
+        """Queue the WR and, on the caller's thread, write what the connection can take now (the rest goes
+        when the socket has room, from whichever thread leads the engine)."""
         with self.engine.lock:
-            if self.in_error:
+            state = self._state
+            if state is S.IBV_QPS_RTS:
+                self.requester.post(wr)
+                if self.conn is not None:
+                    self.conn.pump()
+                self._after_post()
+                return
+            if state is S.IBV_QPS_ERR:
                 self.requester.post(wr)
                 self.enter_error_flush()
                 return
-            if self._state != S.IBV_QPS_RTS:
-                raise VerbsRDMAError(
-                    f"QP {self.qp_num}: post_send needs state RTS, the QP is {self._state.name}"
-                )
-            self.requester.post(wr)
-            self.pump()
+            raise VerbsRDMAError(f"QP {self.qp_num}: post_send needs state RTS, the QP is {state.name}")
+
+    def _after_post(self) -> None:
+        """Bookkeeping that may wait until the request is on the wire: start the ack deadline, and drop
+        the ACK timer if the request carried the ack (its firing would wake a waiting thread for nothing)."""
+        self.requester.after_post()
+        if self._ack_timer_armed and self.responder.ack_seq is None:
+            self._cancel_ack_timer()
 
     def post_recv(self, wr: RecvWR) -> None:
         with self.engine.lock:
-            if self.in_error:
+            if self._state is S.IBV_QPS_ERR:
                 self.responder.post(wr)
                 for recv in self.responder.pop_all():
                     self.recv_cq.push(self.responder.flush_wc(recv))
@@ -270,7 +282,7 @@ class TcpQP(ProviderQP):
     # -- Connection sink ----------------------------------------------------------------------------------
 
     def on_header(self, conn: Connection, hdr: wire.Header) -> list[memoryview] | None:
-        if conn is self._pending or self.in_error or conn is not self.conn:
+        if conn is not self.conn or self._state is S.IBV_QPS_ERR:  # (a pending conn is not self.conn)
             return None
         if hdr.op in wire.REQUESTS:
             return self.responder.on_request(hdr)
@@ -282,7 +294,7 @@ class TcpQP(ProviderQP):
         if conn is self._pending:
             self._hello(conn, hdr)
             return
-        if self.in_error or conn is not self.conn:
+        if conn is not self.conn or self._state is S.IBV_QPS_ERR:
             return
         op = hdr.op
         if op in wire.REQUESTS:
@@ -313,7 +325,8 @@ class TcpQP(ProviderQP):
     def after_input(self, conn: Connection) -> None:
         """Acknowledge what was executed: at once after ACK_BATCH requests, else after ACK_DELAY unless a
         request of ours carries the ack first (an ACK frame per message costs both engines a wake-up)."""
-        self.pump()
+        if self.requester.unsent:
+            self.pump()  # requests not on the wire yet (the socket was full) go now, with the ack on board
         if self.responder.unacked >= ACK_BATCH:
             self._send_ack()
         elif self.responder.ack_seq is not None and not self._ack_timer_armed:
@@ -337,13 +350,12 @@ class TcpQP(ProviderQP):
             self.conn.send_frame([wire.pack(wire.Op.ACK, seq)])
 
     def next_request(self, conn: Connection) -> list[bytes | memoryview] | None:
-        if conn is not self.conn or self._state != S.IBV_QPS_RTS:
+        if conn is not self.conn or self._state is not S.IBV_QPS_RTS:
             return None
         ack = self.responder.ack_seq
         frame = self.requester.next_request(ack)
         if frame is not None and ack is not None:
-            self.responder.take_ack()
-            self._cancel_ack_timer()  # its firing would cost the waiting thread a wake-up for nothing
+            self.responder.take_ack()  # (an ACK timer left armed finds nothing to send; see _after_post)
         return frame
 
     def on_broken(self, conn: Connection, reason: str) -> None:

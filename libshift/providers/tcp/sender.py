@@ -69,7 +69,8 @@ class Outstanding:
     """A posted send WR until it completes; `local` are its resolved local buffers (or inline bytes).
 
     What goes on the wire is taken from the WR when it is posted, as ibv_post_send copies the WR: the
-    application may reuse its SendWR at once.
+    application may reuse its SendWR at once. `fields` are the header's rkey, imm, addr, arg1 and arg2, in
+    wire order (a tuple, not a dict: it is built and unpacked for every message).
     """
 
     wr_id: int
@@ -78,7 +79,7 @@ class Outstanding:
     signaled: bool
     local: list[memoryview] | bytes
     length: int
-    fields: dict[str, int]  # the header fields of the request besides op, seq, length, flags and ack
+    fields: tuple[int, int, int, int, int]
     flags: int = 0
     error: ibv_wc_status | None = None
     rnr_tries: int = 0
@@ -94,83 +95,96 @@ class Requester:
         self.deadline: float | None = (
             None  # the ack deadline; the engine's timer may fire earlier, never later
         )
+        self.ack_timeout = ack_deadline(qp.timeout, qp.retry_cnt)  # seconds; kept in step by configure()
         self._timer_armed = False
         self._rnr_timer = object()
 
     def start(self, psn: int) -> None:
         self.next_seq = self.tx_seq = psn
 
+    def configure(self, timeout: int, retry_cnt: int) -> None:
+        """Take the QP's attributes for the ack deadline (worked out here once, not on every post)."""
+        self.ack_timeout = ack_deadline(timeout, retry_cnt)
+
     # -- posting ------------------------------------------------------------------------------------------
 
     def post(self, wr: SendWR) -> None:
-        qp = self.qp
-        if len(self.sq) >= qp.cap.max_send_wr:
-            raise VerbsRDMAError(f"QP {qp.qp_num}: send queue full ({qp.cap.max_send_wr} WRs)", errno.ENOMEM)
+        """Check and copy the WR into the send queue (the engine lock is held); sending is the caller's."""
+        qp, sq = self.qp, self.sq
+        cap = qp.cap
+        if len(sq) >= cap.max_send_wr:
+            raise VerbsRDMAError(f"QP {qp.qp_num}: send queue full ({cap.max_send_wr} WRs)", errno.ENOMEM)
         op = wr.opcode
         if op not in WIRE_OP:
             raise VerbsRDMAError(f"QP {qp.qp_num}: unknown send opcode {op}")
         flags = int(wr.send_flags)
         sges = wr.sges()
-        if len(sges) > qp.cap.max_send_sge:
-            raise VerbsRDMAError(f"QP {qp.qp_num}: {len(sges)} SGEs, max_send_sge is {qp.cap.max_send_sge}")
+        if len(sges) > cap.max_send_sge:
+            raise VerbsRDMAError(f"QP {qp.qp_num}: {len(sges)} SGEs, max_send_sge is {cap.max_send_sge}")
         writes_local = op in WRITES_LOCAL
+        local = qp.pd.local
         views: list[memoryview] = []
         length, denied = 0, False
         for sge in sges:  # one loop, not three comprehensions: this runs for every message
             length += sge.length
-            view = qp.pd.local(sge.lkey, sge.addr, sge.length, writes_local)
+            view = local(sge.lkey, sge.addr, sge.length, writes_local)
             if view is None:
                 denied = True
             else:
                 views.append(view)
-        inline = bool(flags & INLINE) and not writes_local
-        if inline and length > qp.cap.max_inline_data:
-            limit = qp.cap.max_inline_data
-            raise VerbsRDMAError(f"QP {qp.qp_num}: {length} B inline, max_inline_data is {limit}")
+        if flags & INLINE and not writes_local:
+            if length > cap.max_inline_data:
+                limit = cap.max_inline_data
+                raise VerbsRDMAError(f"QP {qp.qp_num}: {length} B inline, max_inline_data is {limit}")
+            local_data: list[memoryview] | bytes = b"".join(views)
+        else:
+            local_data = views
         if op in ATOMICS and (len(sges) != 1 or length != 8):
             raise VerbsRDMAError(f"QP {qp.qp_num}: an atomic needs one SGE of 8 bytes")
-        item = Outstanding(
-            wr_id=wr.wr_id,
-            opcode=op,
-            seq=self.next_seq,
-            signaled=qp.sq_sig_all or bool(flags & SIGNALED),
-            local=b"".join(views) if inline else views,
-            length=length,
-            fields={
-                "rkey": wr.rkey,
-                "imm": wr.imm_data,
-                "addr": wr.remote_addr,
-                "arg1": wr.compare_add,
-                "arg2": wr.swap,
-            },
-            flags=wire.FLAG_SOLICITED if flags & SOLICITED else 0,
+        sq.append(
+            Outstanding(
+                wr.wr_id,
+                op,
+                self.next_seq,
+                qp.sq_sig_all or bool(flags & SIGNALED),
+                local_data,
+                length,
+                (wr.rkey, wr.imm_data, wr.remote_addr, wr.compare_add, wr.swap),
+                wire.FLAG_SOLICITED if flags & SOLICITED else 0,
+                ibv_wc_status.IBV_WC_LOC_PROT_ERR if denied else None,
+            )
         )
-        if denied:
-            item.error = ibv_wc_status.IBV_WC_LOC_PROT_ERR
         self.next_seq += 1
-        self.sq.append(item)
-        if len(self.sq) == 1:
+
+    @property
+    def unsent(self) -> bool:
+        """Whether a posted request waits to go on the wire (and may go now: no RNR wait under way)."""
+        return self.tx_seq != self.next_seq and not self.rnr_wait
+
+    def after_post(self) -> None:
+        """Start the ack deadline unless it runs already; called after the new request went out, so that
+        this bookkeeping is not between the application's post and the wire."""
+        if self.deadline is None:
             self._arm()
 
     # -- frames out ---------------------------------------------------------------------------------------
 
     def next_request(self, ack: int | None) -> list[bytes | memoryview] | None:
         """The next request frame, carrying `ack` (the responder's pending cumulative ack) if not None."""
-        if self.rnr_wait or not self.sq:
+        if self.tx_seq == self.next_seq or self.rnr_wait:
             return None
-        index = self.tx_seq - self.sq[0].seq
-        if index >= len(self.sq):
-            return None
-        item = self.sq[index]
+        sq = self.sq
+        item = sq[self.tx_seq - sq[0].seq]
         if item.error is not None:
             self.qp.fail(item, item.error)
             return None
         self.tx_seq += 1
         op = WIRE_OP[item.opcode]
         flags = item.flags if ack is None else item.flags | wire.FLAG_ACK
-        header = wire.pack(op, item.seq, item.length, flags=flags, ack=ack or 0, **item.fields)
+        header = wire.pack_request(op, flags, item.seq, item.length, item.fields, ack or 0)
         if op in wire.CARRIES_PAYLOAD:
-            return [header, *([item.local] if isinstance(item.local, bytes) else item.local)]
+            local = item.local
+            return [header, local] if isinstance(local, bytes) else [header, *local]
         return [header]
 
     # -- responses in -------------------------------------------------------------------------------------
@@ -285,7 +299,7 @@ class Requester:
         Only the deadline moves; the engine's timer stays where it is and, when it fires early, is set again
         for the deadline, so the busy path costs no engine wake-up.
         """
-        total = ack_deadline(self.qp.timeout, self.qp.retry_cnt)
+        total = self.ack_timeout
         if not self.sq or total is None or self.rnr_wait:
             self.deadline = None
             return

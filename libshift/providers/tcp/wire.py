@@ -73,6 +73,13 @@ def pack(
     return HEADER.pack(MAGIC, op, flags, seq & SEQ_MASK, length, rkey, imm, addr, arg1, arg2, ack & SEQ_MASK)
 
 
+def pack_request(
+    op: int, flags: int, seq: int, length: int, fields: tuple[int, int, int, int, int], ack: int
+) -> bytes:
+    """A request's header; `fields` are rkey, imm, addr, arg1, arg2 (the hot path's spelling of pack)."""
+    return HEADER.pack(MAGIC, op, flags, seq & SEQ_MASK, length, *fields, ack & SEQ_MASK)
+
+
 def unpack(buf: bytes | bytearray | memoryview) -> Header:
     return Header(*HEADER.unpack(buf))
 
