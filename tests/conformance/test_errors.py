@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -174,3 +175,29 @@ def test_posting_to_a_qp_in_err_flushes_at_once(pair):
         (1, e.IBV_WC_WR_FLUSH_ERR),
         (2, e.IBV_WC_WR_FLUSH_ERR),
     ]
+
+
+def test_the_deadline_runs_between_acks_not_over_a_whole_message(make_pair):
+    """An RNIC acks packet by packet, so a WRITE that takes many ack deadlines to move still completes;
+    only a path that stops acknowledging fails (a 34 ms deadline, 256 MiB)."""
+    size = 256 << 20
+    pair = make_pair(mr_size=size, timeout=12, retry_cnt=1)
+    a, b = pair.a, pair.b
+    data = os.urandom(size)
+    a.mr.write(data)
+    started = time.monotonic()
+    a.qp.post_send(
+        SendWR(
+            wr_id=5,
+            opcode=e.IBV_WR_RDMA_WRITE,
+            sg=[sge(a.mr, 0, size)],
+            remote_addr=b.mr.buf,
+            rkey=b.mr.rkey,
+            send_flags=e.IBV_SEND_SIGNALED,
+        )
+    )
+    got = a.wait(1, timeout=60)
+    elapsed = time.monotonic() - started
+    assert [(w.wr_id, w.status) for w in got] == [(5, e.IBV_WC_SUCCESS)]
+    assert elapsed > 2 * ack_deadline(12, 1), f"{elapsed * 1e3:.1f} ms: too fast to show anything"
+    assert b.mr.read(size, 0) == data

@@ -2,9 +2,9 @@
 
 Work requests complete in order, and only when the responder has answered for them (an ACK at or after
 their sequence number, or their READ/atomic response). The ack deadline (4.096 us x 2**timeout per try,
-retry_cnt + 1 tries) runs while anything is outstanding and restarts on every step of progress; when it
-passes, the oldest request completes RETRY_EXC_ERR and the QP goes to ERR, which is how a dead or
-black-holed link looks on an RNIC.
+retry_cnt + 1 tries) runs while anything is outstanding and restarts on every step of progress, and on
+every sign of life TCP gives of the path (see liveness.py); when it passes, the oldest request completes
+RETRY_EXC_ERR and the QP goes to ERR, which is how a dead or black-holed link looks on an RNIC.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from libshift.providers.tcp import wire
+from libshift.providers.tcp.liveness import PathWatch
 from libshift.verbs.enums import ibv_send_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode
 from libshift.verbs.errors import VerbsRDMAError
 from libshift.verbs.wr import WC, SendWR
@@ -96,6 +97,8 @@ class Requester:
             None  # the ack deadline; the engine's timer may fire earlier, never later
         )
         self.ack_timeout = ack_deadline(qp.timeout, qp.retry_cnt)  # seconds; kept in step by configure()
+        self._look = 0.0  # when the deadline's timer next looks at the path (once per retry period)
+        self._path = PathWatch()
         self._timer_armed = False
         self._rnr_timer = object()
 
@@ -297,26 +300,41 @@ class Requester:
         """Restart the ack deadline from now while anything is outstanding (and not waiting out an RNR).
 
         Only the deadline moves; the engine's timer stays where it is and, when it fires early, is set again
-        for the deadline, so the busy path costs no engine wake-up.
+        for the next look, so the busy path costs no engine wake-up.
         """
         total = self.ack_timeout
         if not self.sq or total is None or self.rnr_wait:
             self.deadline = None
             return
-        self.deadline = time.monotonic() + total
+        now = time.monotonic()
+        self.deadline = now + total
+        self._look = now + total / (self.qp.retry_cnt + 1)
+        self._path.reset()
         if not self._timer_armed:
             self._timer_armed = True
-            self.qp.engine.set_timer(self, self.deadline, self._check_deadline, self.qp.on_engine_error)
+            self.qp.engine.set_timer(self, self._look, self._check_deadline, self.qp.on_engine_error)
 
     def _check_deadline(self) -> None:
+        """Once per retry period without an ack: if TCP shows the path alive, the deadline starts over (the
+        wait is on the remote host, as behind an RNIC that acked); past the deadline, RETRY_EXC_ERR."""
         self._timer_armed = False
         conn = self.qp.conn
-        if self.deadline is not None and time.monotonic() >= self.deadline and conn is not None:
+        if self.deadline is not None and time.monotonic() >= self._look and conn is not None:
             conn.read_pending()  # an ack already in the socket counts: the engine was busy elsewhere
-        if self.deadline is None or not self.sq:
+        total = self.ack_timeout
+        if self.deadline is None or not self.sq or total is None:
             return
-        if time.monotonic() >= self.deadline:
-            self.qp.fail(self.sq[0], ibv_wc_status.IBV_WC_RETRY_EXC_ERR)
-            return
+        now = time.monotonic()
+        if now >= self._look:
+            period = total / (self.qp.retry_cnt + 1)
+            alive = self._path.alive(conn.sock) if conn is not None else False
+            if alive:
+                self.deadline = now + total
+            elif alive is None:  # a first look, maybe late (a busy engine): give it one to compare with
+                self.deadline = max(self.deadline, now + period)
+            if now >= self.deadline:
+                self.qp.fail(self.sq[0], ibv_wc_status.IBV_WC_RETRY_EXC_ERR)
+                return
+            self._look = min(now + period, self.deadline)
         self._timer_armed = True
-        self.qp.engine.set_timer(self, self.deadline, self._check_deadline, self.qp.on_engine_error)
+        self.qp.engine.set_timer(self, self._look, self._check_deadline, self.qp.on_engine_error)
