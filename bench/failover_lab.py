@@ -147,16 +147,6 @@ class Pair:
         self.kill()
 
 
-def bounce_port(lab: Lab, pair: Pair, host: str = "h0") -> None:
-    """Take `host`'s switch port down until its shiftd has said so to the sender, then up again: shiftd's
-    NIC DOWN and UP, which fail the sender's QPs back onto mlx5_0 (a quicker bounce goes unseen)."""
-    since = switch_port(lab, host, up=False)
-    seen = pair.sender.ask("nic", nic="down", since=since)["nic"]
-    switch_port(lab, host, up=True)
-    if not seen:
-        raise SystemExit(f"{host}: shiftd's NIC DOWN never reached the sender")
-
-
 # faults: each returns t0, CLOCK_MONOTONIC ns just before the kernel got the request
 
 

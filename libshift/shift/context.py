@@ -242,8 +242,8 @@ class ShiftContext:
                 self._waiting.discard(path)
 
     def _scan(self) -> None:
-        """Act on the control messages (REARM/ARMED: writes, which raise no completion), at most every
-        SCAN_PERIOD."""
+        """Act on the control messages (REARM/ARMED: writes, which raise no completion), and retry default
+        paths left silently, at most every SCAN_PERIOD."""
         now = time.monotonic()
         if now - self._scanned >= SCAN_PERIOD:
             self._scanned = now
@@ -251,6 +251,7 @@ class ShiftContext:
                 qps = set(self.qps.values())
             for qp in qps:
                 qp.read_messages()  # under the lock, one QP at a time
+                qp.retry_default(now)
 
     def _armable(self, path: str) -> list[CQ]:
         """The provider CQs of `path` that report to its watcher's channel."""

@@ -22,6 +22,7 @@ from libshift.agent import AgentError
 from libshift.api.shift.v1 import common_pb2
 from libshift.shift import notify
 from libshift.shift.cq import ShiftCQ
+from libshift.shift.detect import default_path_attr
 from libshift.shift.memory import ShiftPD
 from libshift.shift.notify import Kind, Message
 from libshift.shift.rewind import BACKUP, PRIMARY, REMOTE_KEYED, Entry, Ledger
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("libshift.shift")
 PEER_WAIT = 10.0  # how long connect waits for the peer's backup to be published
+RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # after a failure shiftd did not see, try the default path this often
 CONTROL_ACCESS = ibv_access_flags.IBV_ACCESS_LOCAL_WRITE | ibv_access_flags.IBV_ACCESS_REMOTE_WRITE
 ST = ibv_wc_status
 TRANSPORT_ERRORS = frozenset(
@@ -93,6 +95,8 @@ class ShiftQP:
         self._switching = False  # stopping the old path: its errors are expected
         self._resumed = True  # False from a switch until the peer's count has come
         self._switch: tuple[str, float, int, str] = ("", 0.0, 0, PRIMARY)  # reason, start, moved, from
+        self._retry_at: float | None = None  # when to try the default path again (see retry_default)
+        self._retry_wait = RETRY_FIRST
         with self.ctx.lock:
             self.ctx.qps[(PRIMARY, self.primary.qp_num)] = self
             if pd.backup is not None and scq.backup is not None:
@@ -144,9 +148,9 @@ class ShiftQP:
 
     def to_rts(self, attr: QPAttr | None = None) -> None:
         attr = attr or QPAttr()
-        self.primary.to_rts(attr)
         self._attr = dataclasses.replace(attr, qp_access_flags=self._access, dest=self.remote)
         peer = self._peer_backup()  # may wait for the peer's publication: not under the lock
+        self.primary.to_rts(default_path_attr(attr) if peer is not None else attr)
         with self.ctx.lock:
             self._connect_backup(peer)
 
@@ -218,6 +222,8 @@ class ShiftQP:
         attr = dataclasses.replace(self._attr, dest=self._peers[path])
         if path == BACKUP:  # the backup waits for receives, and its PSNs are its own
             attr = dataclasses.replace(attr, rnr_retry=7, rq_psn=None, sq_psn=None)
+        else:
+            attr = default_path_attr(attr)
         qp.to_init(QPAttr(qp_access_flags=self._access))
         notify.arm(qp)
         qp.to_rtr(attr)
@@ -280,6 +286,22 @@ class ShiftQP:
         """The default device is back: re-arm the default path on both sides, probe it, then switch back."""
         with self.ctx.lock:
             if self.state == State.FALLBACK and self._resumed and not self.armed[PRIMARY]:
+                self._request_rearm(PRIMARY)
+
+    def retry_default(self, now: float) -> None:
+        """After a failure only our own completions saw (a black hole: shiftd's NIC stays UP, so no NIC UP
+        will come), try the default path again now and then, backing off: its probe moves the traffic
+        home once the path carries traffic again, and fails harmlessly while it does not. The side that
+        detected the failure asks; the other follows its re-arm request."""
+        with self.ctx.lock:
+            if self._retry_at is None or now < self._retry_at:
+                return
+            if self.state != State.FALLBACK:
+                self._retry_at = None
+                return
+            self._retry_at = now + self._retry_wait
+            self._retry_wait = min(2 * self._retry_wait, RETRY_MAX)
+            if self._resumed and not self.armed[PRIMARY] and self.ctx.default_nic_up():
                 self._request_rearm(PRIMARY)
 
     # -- posting -------------------------------------------------------------------------------------------
@@ -436,8 +458,11 @@ class ShiftQP:
         failback = self.current == PRIMARY
         if failback:  # ready for the next failure before saying we are back: both sides arm it once here
             self._arm(BACKUP)
+            self._retry_at, self._retry_wait = None, RETRY_FIRST
         elif reason == "nic_event" and self.ctx.default_nic_up():
             self._request_rearm(PRIMARY)  # the NIC came back while we were switching away from it
+        elif reason == "error_completion":  # shiftd will not say when a silent failure ends: ask the path
+            self._retry_at = time.monotonic() + self._retry_wait
         self.ctx.report(
             common_pb2.FailoverReport(
                 kind=common_pb2.FAILOVER_KIND_FAILBACK if failback else common_pb2.FAILOVER_KIND_FAILOVER,

@@ -116,6 +116,12 @@ def test_error_completion_detects_a_silent_blackhole(lab: Lab) -> None:
     assert_intact(*run_stream(lab, "send", silent_blackhole()))
 
 
+def test_after_a_silent_blackhole_the_stream_comes_home_by_itself(lab: Lab) -> None:
+    """shiftd never sees a black hole, so no NIC UP will come: the sender tries the default path again now
+    and then, moves back once the black hole is gone, and fails over again on the next one."""
+    assert_intact(*run_stream(lab, "send", silent_blackhole(), failbacks=1))
+
+
 def test_messages_whose_acks_were_lost_are_not_sent_twice(lab: Lab) -> None:
     """h1 got every message but h0 got no ack: the receive count settles them, nothing is duplicated."""
     assert_intact(*run_stream(lab, "send", silent_blackhole(towards="h0")))  # a duplicate: "expected n"

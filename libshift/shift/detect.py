@@ -1,0 +1,50 @@
+"""The default path's ack deadline: how soon a silent failure of the default NIC is noticed.
+
+A link that goes down shows at once through shiftd's NIC event. A black hole (link and carrier up, packets
+dropped: a bad switch port, a broken cable half, a misprogrammed route) shows only through the ack deadline
+of the QPs using it. The application's own setting is sized for a QP with nowhere else to go (the verbs
+default, timeout 14 and retry_cnt 7, waits 537 ms; NCCL's 20 and 7 wait 37 s). A shift QP with a backup can
+afford a short one on its default path: a false alarm costs a move to the backup, not the job. The backup
+path keeps the application's setting, so a QP with no path left fails exactly when the application asked.
+
+`SHIFT_DETECT_TIMEOUT` and `SHIFT_DETECT_RETRY_CNT` set it in the verbs' own terms (as NCCL_IB_TIMEOUT and
+NCCL_IB_RETRY_CNT do): 4.096 us x 2**timeout per try, retry_cnt + 1 tries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from libshift.verbs import QPAttr
+from libshift.verbs.errors import VerbsError
+
+TIMEOUT = 12  # 16.8 ms per try ...
+RETRY_CNT = 3  # ... 4 tries: 67 ms from the last ack to the move
+
+
+def ack_deadline(timeout: int, retry_cnt: int) -> float:
+    """Seconds without an ack before RETRY_EXC_ERR; infinite for timeout 0, as in IB."""
+    return float("inf") if timeout == 0 else 4.096e-6 * (1 << timeout) * (retry_cnt + 1)
+
+
+def _setting(name: str, default: int, low: int, high: int) -> int:
+    text = os.environ.get(name)
+    if text is None or text.strip() == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise VerbsError(f"{name} must be an integer from {low} to {high}, not {text!r}")
+    return value
+
+
+def default_path_attr(attr: QPAttr) -> QPAttr:
+    """`attr` with the detection deadline on the default path, unless the application's is shorter."""
+    timeout = _setting("SHIFT_DETECT_TIMEOUT", TIMEOUT, 1, 31)
+    retry_cnt = _setting("SHIFT_DETECT_RETRY_CNT", RETRY_CNT, 0, 7)
+    if ack_deadline(attr.timeout, attr.retry_cnt) <= ack_deadline(timeout, retry_cnt):
+        return attr
+    return dataclasses.replace(attr, timeout=timeout, retry_cnt=retry_cnt)
