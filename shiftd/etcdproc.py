@@ -20,11 +20,21 @@ class EtcdError(RuntimeError):
     pass
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on loopback that nothing listens on right now and that this process has not handed
+    out before: the kernel may give two calls in a row the same free port, and two members of one
+    cluster then got the same peer URL."""
+    for _ in range(1000):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no loopback port left that was not handed out already")
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,12 @@ async def out_of_reach(member: EtcdProcess) -> AsyncIterator[None]:
     await asyncio.to_thread(member.start)
 
 
+def test_free_ports_are_never_handed_out_twice() -> None:
+    """Three members of a cluster once got two equal peer ports (etcd: "has duplicate url")."""
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+
+
 # ---- publish and look up -------------------------------------------------------------------------
 
 
