@@ -138,7 +138,8 @@ class NicHealth:
         return needs_link or needs_port
 
     def _move(self, state: NicState, reason: str, now: float) -> Transition | None:
-        relapse = state is self.state is NicState.DOWN and self.reason == "hold_down" != reason
+        held = self.state is NicState.DOWN and self.reason == "hold_down"
+        relapse = held and state is NicState.DOWN and reason != "hold_down"
         self.reason = reason
         if state is self.state and not relapse:
             return None

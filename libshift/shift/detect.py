@@ -14,18 +14,21 @@ NCCL_IB_RETRY_CNT do): 4.096 us x 2**timeout per try, retry_cnt + 1 tries.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from libshift.verbs import QPAttr
+from libshift.verbs.attrs import ack_deadline
 from libshift.verbs.errors import VerbsError
 
 TIMEOUT = 12  # 16.8 ms per try ...
 RETRY_CNT = 3  # ... 4 tries: 67 ms from the last ack to the move
 
 
-def ack_deadline(timeout: int, retry_cnt: int) -> float:
-    """Seconds without an ack before RETRY_EXC_ERR; infinite for timeout 0, as in IB."""
-    return float("inf") if timeout == 0 else 4.096e-6 * (1 << timeout) * (retry_cnt + 1)
+def _deadline(timeout: int, retry_cnt: int) -> float:
+    """ack_deadline with "forever" as infinity, so that deadlines compare."""
+    seconds = ack_deadline(timeout, retry_cnt)
+    return math.inf if seconds is None else seconds
 
 
 def _setting(name: str, default: int, low: int, high: int) -> int:
@@ -45,6 +48,6 @@ def default_path_attr(attr: QPAttr) -> QPAttr:
     """`attr` with the detection deadline on the default path, unless the application's is shorter."""
     timeout = _setting("SHIFT_DETECT_TIMEOUT", TIMEOUT, 1, 31)
     retry_cnt = _setting("SHIFT_DETECT_RETRY_CNT", RETRY_CNT, 0, 7)
-    if ack_deadline(attr.timeout, attr.retry_cnt) <= ack_deadline(timeout, retry_cnt):
+    if _deadline(attr.timeout, attr.retry_cnt) <= _deadline(timeout, retry_cnt):
         return attr
     return dataclasses.replace(attr, timeout=timeout, retry_cnt=retry_cnt)

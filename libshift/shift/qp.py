@@ -293,6 +293,8 @@ class ShiftQP:
         will come), try the default path again now and then, backing off: its probe moves the traffic
         home once the path carries traffic again, and fails harmlessly while it does not. The side that
         detected the failure asks; the other follows its re-arm request."""
+        if self._retry_at is None or now < self._retry_at:
+            return  # the common case, on every scan of every QP: no lock for it
         with self.ctx.lock:
             if self._retry_at is None or now < self._retry_at:
                 return

@@ -57,6 +57,17 @@ class QPInitAttr:
     sq_sig_all: bool = False
 
 
+def retry_period(timeout: int) -> float | None:
+    """Seconds of one try of the ack deadline (IB: 4.096 us x 2**timeout); None for timeout 0 (forever)."""
+    return None if timeout == 0 else 4.096e-6 * (1 << timeout)
+
+
+def ack_deadline(timeout: int, retry_cnt: int) -> float | None:
+    """Seconds without an ack before RETRY_EXC_ERR: retry_cnt + 1 tries; None for timeout 0 (forever)."""
+    period = retry_period(timeout)
+    return None if period is None else period * (retry_cnt + 1)
+
+
 @dataclass
 class QPAttr:
     """Attributes for a state transition; `dest` (the peer's Endpoint) is what RTR needs.

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from libshift.shift.detect import RETRY_CNT, TIMEOUT, ack_deadline, default_path_attr
+from libshift.shift.detect import RETRY_CNT, TIMEOUT, default_path_attr
 from libshift.verbs import QPAttr
+from libshift.verbs.attrs import ack_deadline
 from libshift.verbs.errors import VerbsError
 
 

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 
 import pytest
-from labs import running_lab
 from stream_harness import (
     BOTH,
     Fault,
@@ -28,12 +27,6 @@ from stream_harness import (
 from shiftd.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(scope="module")
-def lab():
-    with running_lab("fo", hosts=2, nics=2) as lab:
-        yield lab
 
 
 HOST_IDS = {"h0": "sender-nic", "h1": "receiver-nic", BOTH: "both-nics"}

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
-from labs import running_lab
 from stream_harness import (
     HOSTS,
     Stream,
@@ -29,12 +28,6 @@ from stream_harness import (
 from shiftd.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(400)]
-
-
-@pytest.fixture(scope="module")
-def lab():
-    with running_lab("ft", hosts=2, nics=2) as lab:
-        yield lab
 
 
 @dataclass(frozen=True)

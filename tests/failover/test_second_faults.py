@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from labs import running_lab
 from stream_harness import (
     BOTH,
     HOSTS,
@@ -39,12 +38,6 @@ PATIENT = ("--timeout", "18", "--retry-cnt", "7")  # ack deadline: 4.096 us x 2*
 VERY_PATIENT = ("--timeout", "19", "--retry-cnt", "7")  # 17.2 s, for a hold that waits out a hold-down
 LOST = ("IBV_WC_RETRY_EXC_ERR", "IBV_WC_WR_FLUSH_ERR")
 FAILOVER_ON_NIC_EVENT = ("FAILOVER_KIND_FAILOVER", "mlx5_0", "mlx5_1", "nic_event")
-
-
-@pytest.fixture(scope="module")
-def lab():
-    with running_lab("ft", hosts=2, nics=2) as lab:
-        yield lab
 
 
 def ack_deadline(args: tuple[str, ...]) -> float:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from libshift.providers.tcp import wire
 from libshift.providers.tcp.liveness import PathWatch
+from libshift.verbs.attrs import ack_deadline, retry_period
 from libshift.verbs.enums import ibv_send_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode
 from libshift.verbs.errors import VerbsRDMAError
 from libshift.verbs.wr import WC, SendWR
@@ -60,11 +61,6 @@ SIGNALED = int(ibv_send_flags.IBV_SEND_SIGNALED)
 SOLICITED = int(ibv_send_flags.IBV_SEND_SOLICITED)
 
 
-def ack_deadline(timeout: int, retry_cnt: int) -> float | None:
-    """Seconds without progress before RETRY_EXC_ERR; None for timeout 0 (IB: wait forever)."""
-    return None if timeout == 0 else 4.096e-6 * (1 << timeout) * (retry_cnt + 1)
-
-
 @dataclass(slots=True)
 class Outstanding:
     """A posted send WR until it completes; `local` are its resolved local buffers (or inline bytes).
@@ -97,6 +93,7 @@ class Requester:
             None  # the ack deadline; the engine's timer may fire earlier, never later
         )
         self.ack_timeout = ack_deadline(qp.timeout, qp.retry_cnt)  # seconds; kept in step by configure()
+        self.retry_period = retry_period(qp.timeout)  # one try of it: how often the timer looks at the path
         self._look = 0.0  # when the deadline's timer next looks at the path (once per retry period)
         self._path = PathWatch()
         self._timer_armed = False
@@ -108,6 +105,7 @@ class Requester:
     def configure(self, timeout: int, retry_cnt: int) -> None:
         """Take the QP's attributes for the ack deadline (worked out here once, not on every post)."""
         self.ack_timeout = ack_deadline(timeout, retry_cnt)
+        self.retry_period = retry_period(timeout)
 
     # -- posting ------------------------------------------------------------------------------------------
 
@@ -308,7 +306,7 @@ class Requester:
             return
         now = time.monotonic()
         self.deadline = now + total
-        self._look = now + total / (self.qp.retry_cnt + 1)
+        self._look = now + self.retry_period
         self._path.reset()
         if not self._timer_armed:
             self._timer_armed = True
@@ -326,7 +324,7 @@ class Requester:
             return
         now = time.monotonic()
         if now >= self._look:
-            period = total / (self.qp.retry_cnt + 1)
+            period = self.retry_period
             alive = self._path.alive(conn.sock) if conn is not None else False
             if alive:
                 self.deadline = now + total
