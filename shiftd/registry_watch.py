@@ -7,7 +7,8 @@ was created at (a "from now" watch that resumed "from now" would lose what was w
 it was cut off).
 
 Rules:
-- stream broken (etcd restarted, member killed): re-watch from last revision + 1, after backoff;
+- stream broken (etcd restarted, member killed), or no "created" within the link's timeout: re-watch
+  from last revision + 1, after backoff;
 - revision compacted, or the store went back in time or changed cluster (etcd restarted from an
   empty data dir): read the whole range, emit DELETE for keys seen before that are gone and PUT for
   every key present (the current state), then watch from the read's revision + 1.
@@ -78,9 +79,12 @@ async def watch_range(
             call = stub.Watch()
             try:
                 create = rpc.WatchCreateRequest(key=key, range_end=range_end, start_revision=next_rev or 0)
-                await call.write(rpc.WatchRequest(create_request=create))
+                # A stream opened while the channel reconnects can hang without an error: until etcd
+                # says the watch is created, each step has the link's timeout, then the stream starts over.
+                await asyncio.wait_for(call.write(rpc.WatchRequest(create_request=create)), link.timeout)
+                created = False
                 while True:
-                    resp = await call.read()
+                    resp = await (call.read() if created else asyncio.wait_for(call.read(), link.timeout))
                     if resp is grpc.aio.EOF:
                         raise _StreamEnded("etcd closed the watch stream")
                     if resp.compact_revision:
@@ -99,6 +103,7 @@ async def watch_range(
                             # etcd starts such a watch right after the created header's revision.
                             next_rev = resp.header.revision + 1
                         cluster_id = resp.header.cluster_id
+                        created = True
                         backoff.reset()
                         link.ok()
                     for event in resp.events:
