@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from libshift.agent import Agent
 from libshift.api.shift.v1 import common_pb2
 from libshift.device import get_device_list
+from libshift.shift.inline import InlinePool
 from libshift.shift.keys import RemoteKeys
 from libshift.shift.policy import backup_device
 from libshift.shift.rewind import BACKUP, PRIMARY
@@ -56,6 +57,7 @@ class ShiftContext:
         self.primary = Context(name, provider)
         self.lock = threading.RLock()
         self.lkeys: dict[int, int] = {}  # default lkey -> backup lkey
+        self.inline = InlinePool(self.lkeys)  # copies of inline sends in flight on resilient QPs
         self.cqs: list[ShiftCQ] = []
         self.qps: dict[tuple[str, int], ShiftQP] = {}
         self.backup: Context | None = None
@@ -306,6 +308,7 @@ class ShiftContext:
                 self.agent.close()
         if self.keys is not None:
             self.keys.close()
+        self.inline.close()
         for ctx in (self.primary, self.backup):
             if ctx is not None:
                 ctx.close()

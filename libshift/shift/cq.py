@@ -1,7 +1,10 @@
 """ShiftCQ and ShiftCompChannel: the application's completion queue over both paths, and blocking waits.
 
 A ShiftCQ has a provider CQ on each device; polling it makes the context take every completion out of the
-provider CQs and hand it to its QP, which releases completions to the application in posting order.
+provider CQs and hand it to its QP, which releases completions to the application in posting order. The
+provider CQs have room to spare (CQ_SLACK), so the ShiftCQ itself holds the application to its `cqe`, as an
+RNIC's CQ does: more than `cqe` completions released and not polled overflow it, for good (the completion is
+lost, poll raises CQOverflowError, the QP that released it goes to ERR), the same error as without shift.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from libshift.shift.rewind import BACKUP, PRIMARY
 from libshift.verbs import CQ, WC
-from libshift.verbs.errors import VerbsError, VerbsRDMAError
+from libshift.verbs.errors import CQOverflowError, VerbsError, VerbsRDMAError
 
 if TYPE_CHECKING:
     from libshift.shift.context import ShiftContext
@@ -44,15 +47,22 @@ class ShiftCQ:
         if ctx.backup is not None:
             self.backup = CQ(ctx.backup, cqe + CQ_SLACK, channel=ctx.watch(BACKUP) if watched else None)
         self.ready: deque[WC] = deque()
+        self.overflowed = False
         with ctx.lock:
             ctx.cqs.append(self)
 
-    def push(self, wc: WC) -> None:
-        """A completion released to the application; an armed CQ tells its channel (once per arming)."""
-        self.ready.append(wc)
+    def push(self, wc: WC) -> bool:
+        """A completion released to the application; False once the CQ has overflowed (the completion is
+        lost, as on an RNIC). An armed CQ tells its channel (once per arming), of an overflow too: a
+        waiter must wake to meet the error."""
+        if self.overflowed or len(self.ready) >= self.cqe:
+            self.overflowed = True
+        else:
+            self.ready.append(wc)
         if self._armed and self.channel is not None:
             self._armed = False
             self.channel.notify(self)
+        return not self.overflowed
 
     def req_notify(self, solicited_only: bool = False) -> None:
         """Arm: the next completion released to this CQ raises an event on its channel (any completion:
@@ -67,9 +77,11 @@ class ShiftCQ:
 
     def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:
         self.ctx.progress()
-        if not self.ready:  # the common busy poll: no second trip through the lock
+        if not self.ready and not self.overflowed:  # the common busy poll: no second trip through the lock
             return 0, []
         with self.ctx.lock:
+            if self.overflowed:
+                raise CQOverflowError(f"CQ overflow: more than {self.cqe} completions were not polled")
             count = min(num_entries, len(self.ready))
             wcs = [self.ready.popleft() for _ in range(count)]
         return count, wcs

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from libshift.shift.context import ShiftContext
 
 log = logging.getLogger("libshift.shift")
+INLINE = int(ibv_send_flags.IBV_SEND_INLINE)  # a plain int: IntFlag arithmetic costs microseconds per post
 PEER_WAIT = 10.0  # how long connect waits for the peer's backup to be published
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # after a failure shiftd did not see, try the default path this often
 CONTROL_ACCESS = ibv_access_flags.IBV_ACCESS_LOCAL_WRITE | ibv_access_flags.IBV_ACCESS_REMOTE_WRITE
@@ -167,9 +168,12 @@ class ShiftQP:
             if len(self.ledger.sq.entries) >= self.cap.max_send_wr:
                 raise VerbsRDMAError(f"QP {self.qp_num}: send queue full", errno.ENOMEM)
             entry = self.ledger.add_send(wr, self.sig_all)
-            if not self._resumed:
-                return  # held until the peer says where to resume
-            self._post_or_drop(entry)
+            if self._resumed:  # else held until the peer says where to resume
+                self._post_or_drop(entry)  # (the provider checks and refuses the application's own WR)
+            if int(wr.send_flags) & INLINE and self.state in (State.DEFAULT, State.FALLBACK):
+                # the application may reuse the buffer once we return: a replay must send today's bytes
+                pds = (self.primary.pd, self.qps[BACKUP].pd)
+                entry.slot = self.ctx.inline.keep(entry.wr, pds, self.primary.cap.max_inline_data)
 
     def post_recv(self, wr: RecvWR) -> None:
         with self.ctx.lock:
@@ -387,12 +391,19 @@ class ShiftQP:
             self._break()
 
     def _deliver(self) -> None:
+        overflowed = False
         for entry in self.ledger.finished():
             assert entry.wc is not None
             if not entry.is_send:
-                self.recv_cq.push(entry.wc)
+                overflowed |= not self.recv_cq.push(entry.wc)
             elif entry.signaled or entry.wc.status != ST.IBV_WC_SUCCESS:
-                self.send_cq.push(entry.wc)
+                overflowed |= not self.send_cq.push(entry.wc)
+        if overflowed and self.state != State.BROKEN:
+            # as on an RNIC the QP goes to ERR and the rest flushes (into the lost CQ); both paths, so
+            # that a switch the peer tries fails and it gets its error too
+            self._break()
+            for qp in self.qps.values():
+                qp.to_err()
 
     def _break(self) -> None:
         """From now on errors reach the application as the provider reports them; held WRs flush."""
