@@ -2,13 +2,14 @@
 
 On a lab host (1 host x 2 NICs), each trial takes a link down and times, on CLOCK_MONOTONIC
 (shared by all processes of the machine):
-  - kernel -> raw netlink listener: a bare Python netlink socket in another process, the floor;
   - kernel -> shiftd: when shiftd's monitor saw it (NicEvent.monotonic_nanos);
   - kernel -> agent: when an agent process, subscribed with Agent.WatchNicEvents on a channel set up as
     libshift's agent sets up its own (CHANNEL_OPTIONS), received it;
-and two differences that take the kernel's share out: raw socket -> agent (shift's part, as
-another process sees it) and shiftd monitor -> agent (health, the event fan-out, the gRPC
-stream write, the socket relay and the client's read: what the daemon's code decides).
+  - shiftd monitor -> agent: the difference (health, the event fan-out, the gRPC stream write, the
+    socket relay and the client's read: what the daemon's code decides).
+The floor, kernel -> a bare Python netlink socket in another process, is measured in a pass of its
+own with the same daemon and subscriber running: a listener woken in the same instant as shiftd would
+take one of this machine's two cores from the very path it measures.
 Two kinds of failure: the switch port going down (the host loses carrier, as when a cable or
 switch port dies) and the host's own link set down (as `shiftctl fail-nic --mode down` does).
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import socket
 import statistics
 import struct
@@ -32,8 +34,9 @@ from shiftd import netns
 from shiftd.lab import Lab
 
 SUBSCRIBER = """
-import sys, time, grpc
-from libshift.agent import CHANNEL_OPTIONS
+import sys, time
+from libshift.agent import CHANNEL_OPTIONS  # libshift before grpc: see libshift/grpc_polling.py
+import grpc
 from libshift.api.shift.v1 import agent_pb2, agent_pb2_grpc
 with grpc.insecure_channel("unix:" + sys.argv[1], options=CHANNEL_OPTIONS) as channel:
     stub = agent_pb2_grpc.AgentStub(channel)
@@ -74,13 +77,11 @@ class Line:
     def next(self, timeout: float) -> str:
         deadline = time.monotonic() + timeout
         while b"\n" not in self.buffer:
-            chunk = self.proc.stdout.read()
-            if chunk:
-                self.buffer += chunk
-            elif time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise TimeoutError("no line from helper")
-            else:
-                time.sleep(0.0005)
+            select.select([self.proc.stdout], [], [], left)  # asleep while the trial runs
+            self.buffer += self.proc.stdout.read() or b""
         line, self.buffer = self.buffer.split(b"\n", 1)
         return line.decode()
 
@@ -130,21 +131,33 @@ def set_link(ns: str, ifname: str, up: bool) -> int:
     return netns.run(ns, inside)
 
 
-def trial(ns: str, ifname: str, subscriber: Line, raw: Line) -> dict[str, float]:
+def trial(ns: str, ifname: str, subscriber: Line, raw: Line | None) -> dict[str, float]:
     """One link-down, timed; then the link back up and the NIC UP again (after the hold-down)."""
-    raw.drain()
+    if raw is not None:
+        raw.drain()
     started = set_link(ns, ifname, up=False)
     arrived, seen = wait_event(subscriber, "mlx5_0", STATE_DOWN)
-    raw_arrived = int(raw.next(5))
-    set_link(ns, ifname, up=True)
-    wait_event(subscriber, "mlx5_0", STATE_UP)
-    return {
-        "raw_ms": (raw_arrived - started) / 1e6,
+    sample = {
         "shiftd_ms": (seen - started) / 1e6,
         "agent_ms": (arrived - started) / 1e6,
-        "agent_after_raw_ms": (arrived - raw_arrived) / 1e6,
         "agent_after_shiftd_ms": (arrived - seen) / 1e6,
     }
+    if raw is not None:
+        sample = {"raw_ms": (int(raw.next(5)) - started) / 1e6}
+    set_link(ns, ifname, up=True)
+    wait_event(subscriber, "mlx5_0", STATE_UP)
+    return sample
+
+
+def timed_pass(
+    label: str, trials: int, ns: str, ifname: str, subscriber: Line, raw: Line | None
+) -> list[dict[str, float]]:
+    samples = []
+    for i in range(trials):
+        samples.append(trial(ns, ifname, subscriber, raw))
+        print(f"\r{label}: {i + 1}/{trials}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return samples
 
 
 def main() -> int:
@@ -162,19 +175,22 @@ def main() -> int:
         print(f"bringing up lab {lab.name} (1 host x 2 NICs)...", file=sys.stderr)
         lab.up()
         sub_proc, subscriber = spawn(lab, SUBSCRIBER, str(lab.socket("h0")))
-        raw_proc, raw = spawn(lab, RAW_LISTENER)
-        procs += [sub_proc, raw_proc]
+        procs.append(sub_proc)
         wait_event(subscriber, "mlx5_0", STATE_UP)  # the snapshot
         kinds = {
             "switch port down (carrier lost)": (lab.shape.rail_ns(0), "h0"),
             "host link set down": (lab.namespace("h0"), "ens1f0np0"),
         }
         for kind, (ns, ifname) in kinds.items():
-            results[kind] = []
-            for i in range(args.trials):
-                results[kind].append(trial(ns, ifname, subscriber, raw))
-                print(f"\r{kind}: {i + 1}/{args.trials}", end="", file=sys.stderr, flush=True)
-            print(file=sys.stderr)
+            results[kind] = timed_pass(kind, args.trials, ns, ifname, subscriber, None)
+            raw_proc, raw = spawn(lab, RAW_LISTENER)
+            procs.append(raw_proc)
+            floor = timed_pass(f"{kind}, floor", args.trials, ns, ifname, subscriber, raw)
+            raw_proc.kill()
+            raw_proc.wait()
+            procs.remove(raw_proc)
+            for sample, floor_sample in zip(results[kind], floor, strict=True):
+                sample.update(floor_sample)
     finally:
         for proc in procs:
             proc.kill()
@@ -188,14 +204,13 @@ def main() -> int:
 
 def print_table(results: dict[str, list[dict[str, float]]], trials: int) -> None:
     print(f"\nNIC event latency, {trials} trials each (ms, CLOCK_MONOTONIC across processes)\n")
-    header = f"{'failure':34} {'path':34} {'median':>8} {'p90':>8} {'p99':>8} {'max':>8} {'x raw':>6}"
+    header = f"{'failure':34} {'path':38} {'median':>8} {'p90':>8} {'p99':>8} {'max':>8} {'x raw':>6}"
     print(header)
     print("-" * len(header))
     paths = [
-        ("raw_ms", "kernel -> raw netlink socket"),
+        ("raw_ms", "kernel -> raw netlink socket (floor)"),
         ("shiftd_ms", "kernel -> shiftd monitor"),
         ("agent_ms", "kernel -> agent (gRPC stream)"),
-        ("agent_after_raw_ms", "raw socket -> agent (shift's part)"),
         ("agent_after_shiftd_ms", "shiftd monitor -> agent"),
     ]
     for kind, samples in results.items():
@@ -204,7 +219,7 @@ def print_table(results: dict[str, list[dict[str, float]]], trials: int) -> None
             values = [s[key] for s in samples]
             median = statistics.median(values)
             print(
-                f"{kind:34} {label:34} {median:8.3f} {percentile(values, 90):8.3f} "
+                f"{kind:34} {label:38} {median:8.3f} {percentile(values, 90):8.3f} "
                 f"{percentile(values, 99):8.3f} {max(values):8.3f} {median / raw_median:6.1f}"
             )
 

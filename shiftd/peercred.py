@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 _UCRED = struct.Struct("3i")
 PEER_PREFIX = "unix-abstract:"  # how gRPC spells a peer bound to an abstract address
+RELAY_BUFFER = 65536  # bytes each side of a relayed connection reads at once
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,14 @@ def group_id(name: str) -> int | None:
         return None
 
 
-class _Splice(asyncio.Protocol):
+class _Splice(asyncio.BufferedProtocol):
     """One side of a relayed connection: what it receives is written to the other side at once.
 
     Protocols rather than streams: no task wake-up per chunk between the two sockets, which is
-    what an agent's NIC event pays on its way through the relay. Flow control is passed across:
-    when one side's send buffer fills, the other side stops reading.
+    what an agent's NIC event pays on its way through the relay. A buffered protocol: each side
+    receives into a buffer of its own, where a plain protocol would allocate (mmap) and shrink a
+    256 KiB bytes object for every message. Flow control is passed across: when one side's send
+    buffer fills, the other side stops reading.
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class _Splice(asyncio.Protocol):
         self.ended = False  # the other end of this socket will send no more
         self._on_made = on_made
         self._on_lost = on_lost
+        self._buffer = memoryview(bytearray(RELAY_BUFFER))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -92,9 +96,13 @@ class _Splice(asyncio.Protocol):
     def join(self, peer: _Splice) -> None:
         self.peer, peer.peer = peer, self
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
         assert self.peer is not None and self.peer.transport is not None  # reading starts once joined
-        self.peer.transport.write(data)
+        # a copy: what the transport cannot send at once it keeps, and the buffer is read into again
+        self.peer.transport.write(bytes(self._buffer[:nbytes]))
 
     def eof_received(self) -> bool:
         self.ended = True
