@@ -205,6 +205,7 @@ class Soak:
     workers: list[LabProcess] = field(default_factory=list)
     faults: int = 0
     errors: list[str] = field(default_factory=list)
+    rss_series: dict[str, list[tuple[float, int]]] = field(default_factory=dict)  # host -> (s, KiB)
 
     @property
     def expected_mappings(self) -> int:
@@ -253,11 +254,18 @@ class Soak:
             time.sleep(pause)
         self.faults += 1
 
-    def snapshot(self) -> Snapshot:
-        rss, failovers, failbacks = {}, 0, 0
+    def sample_rss(self, at: float) -> dict[str, int]:
+        """Each daemon's RSS now, kept in the series (a leak shows as growth after the warm-up)."""
+        rss = {}
         for host in self.lab.host_names:
             daemon = self.lab.daemon(host)
             rss[host] = rss_kib(daemon.pid) if daemon else 0
+            self.rss_series.setdefault(host, []).append((at, rss[host]))
+        return rss
+
+    def snapshot(self, at: float = 0.0) -> Snapshot:
+        rss, failovers, failbacks = self.sample_rss(at), 0, 0
+        for host in self.lab.host_names:
             status = json.loads(self.shiftctl(host, "status", "--json").stdout or "{}")
             failovers += int(status.get("failovers", 0))
             failbacks += int(status.get("failbacks", 0))
@@ -313,6 +321,7 @@ def rss_kib(pid: int) -> int:
     return int(match.group(1)) if match else 0
 
 
+RSS_EVERY = 60.0  # seconds between samples of the daemons' RSS
 ETCD_WRITES = ("etcd_mvcc_put_total", "etcd_mvcc_delete_total", "etcd_mvcc_txn_total")
 
 
@@ -343,12 +352,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log(f"{soak.expected_mappings} mappings published; {len(soak.streams)} streams running")
         soak.wait_for_mappings()
         start = soak.snapshot()
+        sampled = start.at
         for k in range(int(args.duration // args.fault_every)):  # fault k at start + k * fault_every
             time.sleep(max(0.0, start.at + k * args.fault_every - time.monotonic()))
             soak.fault_cycle(lab.host_names[k % args.hosts], args.fault_every / 2)
+            if time.monotonic() - sampled >= RSS_EVERY:
+                sampled = time.monotonic()
+                soak.sample_rss(sampled - start.at)
             log(f"{time.monotonic() - start.at:6.0f}s: {soak.faults} faults, {len(soak.errors)} errors")
         time.sleep(max(0.0, start.at + args.duration - time.monotonic()))
-        end = soak.snapshot()
+        end = soak.snapshot(time.monotonic() - start.at)
         reports = soak.stop()
         restarts = {h: lab.restarts(h) for h in lab.host_names}
         soak.errors += [f"shiftd on {h} restarted {n} times" for h, n in restarts.items() if n]
@@ -378,6 +391,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "messages": sum(r.get("received", 0) for r in reports),
         "errors": soak.errors,
         "rss_kib": {h: [start.rss_kib[h], end.rss_kib[h]] for h in lab.host_names},
+        "rss_kib_series": soak.rss_series,
         "mappings_in_etcd": [start.mappings, end.mappings],
         "etcd_writes_per_second": writes,
     }
@@ -397,8 +411,10 @@ def print_table(result: dict[str, Any]) -> None:
         ("errors seen", len(result["errors"])),
         ("mappings in etcd, start / end", "{} / {}".format(*result["mappings_in_etcd"])),
     ]
-    for host, (before, after) in result["rss_kib"].items():
-        rows.append((f"shiftd RSS on {host}, start / end (MiB)", f"{before / 1024:.1f} / {after / 1024:.1f}"))
+    for host, series in result["rss_kib_series"].items():
+        mib = [kib / 1024 for kib in (series[0][1], warm_rss(series), series[-1][1])]
+        label = f"shiftd RSS on {host}, start / 1 min / end (MiB)"
+        rows.append((label, "{:.1f} / {:.1f} / {:.1f}".format(*mib)))
     writes = result["etcd_writes_per_second"]
     rows.append(("etcd writes/s (put + delete + txn)", f"{sum(writes.values()):.1f}"))
     rows += [(f"  {name}", f"{rate:.1f}/s") for name, rate in writes.items()]
@@ -406,6 +422,11 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"{label:42} {value}")
     for error in result["errors"][:20]:
         print(f"error: {error}")
+
+
+def warm_rss(series: list[tuple[float, int]]) -> int:
+    """The RSS once the daemon has warmed up (the first sample a minute in, else the last)."""
+    return next((kib for at, kib in series if at >= RSS_EVERY), series[-1][1])
 
 
 def log(text: str) -> None:

@@ -38,7 +38,12 @@ def test_a_short_soak_fails_over_without_errors(tmp_path: Path) -> None:
     assert soak["failovers"] == soak["failbacks"] == 4  # each fault moves both sides of the stream, and back
     assert soak["messages"] > 0
     assert all(start > 0 and end > 0 for start, end in soak["rss_kib"].values())
+    # sampled at the start and the end at least (a minute apart in a long soak), in time order
+    for series in soak["rss_kib_series"].values():
+        assert len(series) >= 2 and series[0][0] == 0 and series[-1][0] >= 16
+        assert all(kib > 0 for _, kib in series)
     assert soak["etcd_writes_per_second"]["etcd_mvcc_put_total"] > 0  # the NICs' states, at least
     # and the table an operator reads
-    for row in ("failovers done", "errors seen", "shiftd RSS on h1, start / end (MiB)", "etcd writes/s"):
+    rows = ("failovers done", "errors seen", "shiftd RSS on h1, start / 1 min / end (MiB)", "etcd writes/s")
+    for row in rows:
         assert row in result.stdout
