@@ -8,6 +8,7 @@ raises libshift.verbs.errors.VerbsError with a one-line reason.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -85,6 +86,12 @@ class ProviderQP(ABC):
 
     @abstractmethod
     def post_send(self, wr: SendWR) -> None: ...
+
+    def post_send_list(self, wrs: Sequence[SendWR]) -> None:
+        """Post `wrs` in order, as ibv_post_send posts a chained list: those before a refused WR stay
+        posted, the refusal is raised, the rest are not posted. A provider may send them together."""
+        for wr in wrs:
+            self.post_send(wr)
 
     @abstractmethod
     def post_recv(self, wr: RecvWR) -> None: ...

@@ -321,16 +321,23 @@ class ShiftQP:
 
     def _post(self, entry: Entry) -> None:
         """Post on the current path: the application's keys on the default one, translated on the backup."""
-        on_backup = self.current == BACKUP
+        wr = self._on_current_path(entry)
         qp = self.qps[self.current]
+        if isinstance(wr, RecvWR):
+            qp.post_recv(wr)
+        else:
+            qp.post_send(wr)
+
+    def _on_current_path(self, entry: Entry) -> SendWR | RecvWR:
+        """The provider's WR for `entry` on the current path (our wr_id, the path's keys, always signaled)."""
+        on_backup = self.current == BACKUP
         wr = entry.wr
         sg = wr.sg
         if on_backup:
             sg = [SGE(s.addr, s.length, self.ctx.lkeys.get(s.lkey, s.lkey)) for s in wr.sg]
         entry.path = self.current
         if isinstance(wr, RecvWR):
-            qp.post_recv(RecvWR(wr_id=entry.wr_id, sg=sg))
-            return
+            return RecvWR(wr_id=entry.wr_id, sg=sg)
         rkey = wr.rkey
         if wr.opcode in REMOTE_KEYED and self.ctx.keys is not None and self.remote is not None:
             if on_backup:
@@ -338,9 +345,7 @@ class ShiftQP:
             else:
                 self.ctx.keys.prefetch(self.remote.gid, wr.rkey)
         flags = int(wr.send_flags) | ibv_send_flags.IBV_SEND_SIGNALED  # every WR's fate must be known here
-        qp.post_send(
-            dataclasses.replace(wr, wr_id=entry.wr_id, sg=sg, num_sge=None, send_flags=flags, rkey=rkey)
-        )
+        return dataclasses.replace(wr, wr_id=entry.wr_id, sg=sg, num_sge=None, send_flags=flags, rkey=rkey)
 
     # -- completions ---------------------------------------------------------------------------------------
 
@@ -462,8 +467,8 @@ class ShiftQP:
         count, self._peer_count[self.current] = self._peer_count[self.current], None
         assert count is not None
         replay = self.ledger.settle(self.ledger.unwrap(count), self.qp_num)
-        for entry in replay:
-            self._post(entry)
+        if replay:  # together: one lock and one socket write in the tcp provider, not one per WR
+            self.qps[self.current].post_send_list([self._on_current_path(entry) for entry in replay])
         self._resumed = True
         self._deliver()
         reason, started, moved, left = self._switch

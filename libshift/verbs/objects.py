@@ -7,6 +7,7 @@ a provider only implements the transport.
 from __future__ import annotations
 
 import errno
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -228,6 +229,11 @@ class QP(_Closable):
 
     def post_send(self, wr: SendWR) -> None:
         self.impl.post_send(wr)
+
+    def post_send_list(self, wrs: Sequence[SendWR]) -> None:
+        """Post several send WRs at once, in order (ibv_post_send with a chained list): those before a
+        refused WR stay posted, the error is raised, the rest are not posted."""
+        self.impl.post_send_list(wrs)
 
     def post_recv(self, wr: RecvWR) -> None:
         self.impl.post_recv(wr)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import struct
 
-from libshift.verbs import SGE, QPCap, RecvWR, SendWR
+import pytest
+
+from libshift.verbs import SGE, QPCap, RecvWR, SendWR, VerbsRDMAError
 from libshift.verbs import enums as e
 
 SIGNALED = e.IBV_SEND_SIGNALED
@@ -14,6 +16,10 @@ U64 = struct.Struct("=Q")
 
 def sge(mr, offset: int, length: int) -> SGE:
     return SGE(mr.buf + offset, length, mr.lkey)
+
+
+def signaled_send(wr_id: int, *sg: SGE) -> SendWR:
+    return SendWR(wr_id=wr_id, opcode=e.IBV_WR_SEND, sg=list(sg), send_flags=SIGNALED)
 
 
 def test_send_places_the_message_in_the_posted_receive(pair):
@@ -224,6 +230,40 @@ def test_many_messages_arrive_in_order(pair):
     assert [w.wr_id for w in got] == list(range(count))
     assert [U64.unpack(b.mr.read(8, 8 * i))[0] for i in range(count)] == list(range(count))
     assert len(a.wait(count)) == count
+
+
+def test_a_list_of_sends_posted_at_once_arrives_in_order(pair):
+    a, b = pair.a, pair.b
+    count = 40  # small sends: the tcp provider writes them together
+    for i in range(count):
+        b.qp.post_recv(RecvWR(wr_id=i, sg=[sge(b.mr, 8 * i, 8)]))
+    for i in range(count):
+        a.mr.write(U64.pack(1000 + i), offset=8 * i)
+    a.qp.post_send_list(
+        [
+            SendWR(wr_id=i, opcode=e.IBV_WR_SEND, sg=[sge(a.mr, 8 * i, 8)], send_flags=SIGNALED)
+            for i in range(count)
+        ]
+    )
+    assert [w.wr_id for w in b.wait(count)] == list(range(count))
+    assert [U64.unpack(b.mr.read(8, 8 * i))[0] for i in range(count)] == [1000 + i for i in range(count)]
+    assert [(w.wr_id, w.status) for w in a.wait(count)] == [(i, e.IBV_WC_SUCCESS) for i in range(count)]
+
+
+def test_a_refused_wr_ends_a_posted_list_after_the_ones_before_it(pair):
+    a, b = pair.a, pair.b
+    for i in range(3):
+        b.qp.post_recv(RecvWR(wr_id=i, sg=[sge(b.mr, 8 * i, 8)]))
+    good = [
+        SendWR(wr_id=i, opcode=e.IBV_WR_SEND, sg=[sge(a.mr, 0, 8)], send_flags=SIGNALED) for i in range(2)
+    ]
+    too_many_sges = SendWR(wr_id=99, opcode=e.IBV_WR_SEND, sg=[sge(a.mr, 0, 1)] * 1000, send_flags=SIGNALED)
+    after = SendWR(wr_id=7, opcode=e.IBV_WR_SEND, sg=[sge(a.mr, 0, 8)], send_flags=SIGNALED)
+    with pytest.raises(VerbsRDMAError, match="SGEs"):
+        a.qp.post_send_list([*good, too_many_sges, after])
+    assert [w.wr_id for w in a.wait(2)] == [0, 1]
+    assert [w.wr_id for w in b.wait(2)] == [0, 1]
+    assert a.wait(1, timeout=0.3) == []  # the WR after the refused one was never posted
 
 
 def test_both_directions_at_once(pair):

@@ -14,6 +14,7 @@ import secrets
 import selectors
 import socket
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from libshift.providers import ProviderQP
@@ -235,6 +236,22 @@ class TcpQP(ProviderQP):
                 self.enter_error_flush()
                 return
             raise VerbsRDMAError(f"QP {self.qp_num}: post_send needs state RTS, the QP is {state.name}")
+
+    def post_send_list(self, wrs: Sequence[SendWR]) -> None:
+        """Queue the WRs under one hold of the lock, then write them together (Connection gathers the
+        queued requests into one sendmsg); a refused WR stops the list after what came before it is sent."""
+        with self.engine.lock:
+            if self._state is not S.IBV_QPS_RTS:
+                for wr in wrs:
+                    self.post_send(wr)
+                return
+            try:
+                for wr in wrs:
+                    self.requester.post(wr)
+            finally:
+                if self.conn is not None:
+                    self.conn.pump()
+                self._after_post()
 
     def _after_post(self) -> None:
         """Bookkeeping that may wait until the request is on the wire: start the ack deadline, and drop
