@@ -221,37 +221,27 @@ class TcpQP(ProviderQP):
     # -- posting ------------------------------------------------------------------------------------------
 
     def post_send(self, wr: SendWR) -> None:
-        """Queue the WR and, on the caller's thread, write what the connection can take now (the rest goes
-        when the socket has room, from whichever thread leads the engine)."""
-        with self.engine.lock:
-            state = self._state
-            if state is S.IBV_QPS_RTS:
-                self.requester.post(wr)
-                if self.conn is not None:
-                    self.conn.pump()
-                self._after_post()
-                return
-            if state is S.IBV_QPS_ERR:
-                self.requester.post(wr)
-                self.enter_error_flush()
-                return
-            raise VerbsRDMAError(f"QP {self.qp_num}: post_send needs state RTS, the QP is {state.name}")
+        self.post_send_list((wr,))
 
     def post_send_list(self, wrs: Sequence[SendWR]) -> None:
-        """Queue the WRs under one hold of the lock, then write them together (Connection gathers the
-        queued requests into one sendmsg); a refused WR stops the list after what came before it is sent."""
+        """Queue the WRs under one hold of the lock and, on the caller's thread, write what the connection
+        can take now, together (Connection gathers queued requests into one sendmsg; the rest goes when
+        the socket has room, from whichever thread leads the engine). A refused WR ends the list after
+        what came before it."""
         with self.engine.lock:
-            if self._state is not S.IBV_QPS_RTS:
-                for wr in wrs:
-                    self.post_send(wr)
-                return
+            state = self._state
+            if state is not S.IBV_QPS_RTS and state is not S.IBV_QPS_ERR:
+                raise VerbsRDMAError(f"QP {self.qp_num}: post_send needs state RTS, the QP is {state.name}")
             try:
                 for wr in wrs:
                     self.requester.post(wr)
             finally:
-                if self.conn is not None:
-                    self.conn.pump()
-                self._after_post()
+                if state is S.IBV_QPS_ERR:  # posted to an ERR QP: it completes as a flush
+                    self.enter_error_flush()
+                else:
+                    if self.conn is not None:
+                        self.conn.pump()
+                    self._after_post()
 
     def _after_post(self) -> None:
         """Bookkeeping that may wait until the request is on the wire: start the ack deadline, and drop
