@@ -429,11 +429,10 @@ class ShiftQP:
     # -- the switch ----------------------------------------------------------------------------------------
 
     def _can_leave(self) -> bool:
-        return (
-            self.state in (State.DEFAULT, State.FALLBACK)
-            and self._resumed
-            and self.armed[other(self.current)]
-        )
+        """A path can be left for the other one whenever that one is armed, also in the middle of a switch
+        (before the peer's count came): each side's count is its total received, final once the path it
+        left is stopped, so a second switch settles by the count sent on the path it ends on."""
+        return self.state in (State.DEFAULT, State.FALLBACK) and self.armed[other(self.current)]
 
     def _switch_to(self, to: str, reason: str) -> None:
         """Leave the current path: stop it, keep what completed, move the receives, send our count."""
@@ -449,7 +448,13 @@ class ShiftQP:
             self.ctx.drain(self.ctx.control_cq, BACKUP)
         self._switching = False
         self.current, self.armed[left] = to, False
+        self._peer_count[left] = None  # a count on the path left belongs to a handshake that is over
         self.state = State.FALLBACK if to == BACKUP else State.DEFAULT
+        if to == PRIMARY:
+            # a failback re-arms the backup now, before the handshake: both sides do it once here, so that
+            # a failure of the default path in the middle of the handshake (the peer's count never comes;
+            # the peer moves to the backup) finds somewhere to go
+            self._arm(BACKUP)
         self._resumed = False
         moved = self.ledger.rq.pending()
         for entry in moved:
@@ -474,8 +479,7 @@ class ShiftQP:
         reason, started, moved, left = self._switch
         names = {PRIMARY: self.ctx.name, BACKUP: self.ctx.backup.name if self.ctx.backup else ""}
         failback = self.current == PRIMARY
-        if failback:  # ready for the next failure before saying we are back: both sides arm it once here
-            self._arm(BACKUP)
+        if failback:
             self._retry_at, self._retry_wait = None, RETRY_FIRST
         elif reason == "nic_event" and self.ctx.default_nic_up():
             self._request_rearm(PRIMARY)  # the NIC came back while we were switching away from it

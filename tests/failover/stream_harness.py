@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+from libshift.providers.tcp import wire
 from shiftd.ctl import MODES, Client
 from shiftd.lab import Lab
 from shiftd.labproc import LabProcess
@@ -141,6 +142,34 @@ def rail_qdisc(lab: Lab, rail: int, towards: str, *qdisc: str) -> None:
     dev = ["dev", towards, "root"]
     args = ["replace", *dev, *qdisc] if qdisc else ["del", *dev]
     subprocess.run(["tc", "-n", lab.shape.rail_ns(rail), "qdisc", *args], check=True)
+
+
+@contextmanager
+def frames_held(lab: Lab, rail: int, towards: str, op: wire.Op) -> Iterator[None]:
+    """Rail `rail`'s switch drops every TCP segment towards a host that opens with a tcp-provider frame of
+    kind `op`, until the block ends: that message is held (TCP retransmits it, in vain, and what follows it
+    on its connection waits behind it) while all else flows. The match assumes what the lab's links carry:
+    a 20-byte IPv4 header and a 32-byte TCP header (timestamps on), both checked by the filter."""
+    tc = ["tc", "-n", lab.shape.rail_ns(rail)]
+    dev = ["dev", towards]
+    commands = [
+        ["qdisc", "replace", *dev, "root", "handle", "1:", "htb", "default", "1"],
+        ["class", "add", *dev, "parent", "1:", "classid", "1:1", "htb", "rate", "10gbit", "quantum", "1514"],
+        ["class", "add", *dev, "parent", "1:", "classid", "1:2", "htb", "rate", "10gbit", "quantum", "1514"],
+        ["qdisc", "add", *dev, "parent", "1:2", "blackhole"],
+        ["filter", "add", *dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+         "match", "u8", "0x45", "0xff", "at", "0",  # IPv4, no options
+         "match", "u8", "6", "0xff", "at", "9",  # TCP
+         "match", "u8", "0x80", "0xf0", "at", "32",  # a 32-byte TCP header
+         "match", "u16", f"{wire.MAGIC << 8 | op:#06x}", "0xffff", "at", "52",
+         "flowid", "1:2"],
+    ]  # fmt: skip
+    try:
+        for command in commands:
+            subprocess.run([*tc, *command], check=True)
+        yield
+    finally:
+        subprocess.run([*tc, "qdisc", "del", *dev, "root"], check=True)
 
 
 def silent_blackhole(towards: str = "h1") -> Fault:

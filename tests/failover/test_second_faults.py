@@ -23,6 +23,7 @@ from stream_harness import (
     assert_intact,
     assert_reports,
     assert_switched,
+    frames_held,
     nic_fault,
     rail_qdisc,
     recover_everything,
@@ -30,6 +31,7 @@ from stream_harness import (
     wait_nic_state,
 )
 
+from libshift.providers.tcp import wire
 from shiftd.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
@@ -175,3 +177,75 @@ def test_failback_waits_for_the_second_nic_to_recover(lab: Lab) -> None:
     back = ("FAILOVER_KIND_FAILBACK", "mlx5_1", "mlx5_0")
     assert [s[:3] for s in switches(lab, "h0", since, wait_for=2)][1:] == [back]
     assert switches(lab, "h1", since, wait_for=2)[1:] == [(*back, "nic_recovered")]  # h1 led it
+
+
+def test_the_peers_default_fails_during_the_failbacks_handshake(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race a 20-minute soak met. h0's NIC comes back and h0 leads the failback; h1 follows at once
+    (it has h0's count) and answers with its own count, which rail 0 holds; then h1's default NIC fails and
+    h1 moves to the backup. h0, waiting on the default path for a count that does not come, must take
+    h1's notification on the backup (armed when it switched back) and follow: the stream survives."""
+    monkeypatch.setenv("SHIFT_DETECT_TIMEOUT", "18")  # the default path's deadline, 8.6 s: h0's count,
+    monkeypatch.setenv("SHIFT_DETECT_RETRY_CNT", "7")  # whose ack rides on the held one, is late, not lost
+    try:
+        with patient_stream(lab, VERY_PATIENT) as stream:
+            since = time.time()
+            nic_fault("h0").inject(lab)
+            assert stream.sender.read("state")["state"] == "fallback"
+            assert stream.receiver.read("state")["state"] == "fallback"
+            with frames_held(lab, 0, "h0", wire.Op.WRITE_IMM):  # the counts h1 sends h0 on the default rail
+                nic_fault("h0").recover(lab)
+                assert stream.receiver.read("state", timeout=20)["state"] == "default"  # its count is held
+                assert stream.sender.read("state")["state"] == "default"  # switched back, waiting for it
+                nic_fault("h1").inject(lab)
+                assert stream.receiver.read("state")["state"] == "fallback"
+                assert stream.sender.read("state")["state"] == "fallback"  # followed h1 while still held
+            time.sleep(0.5)  # traffic on the backup path
+            sent, received = stream.finish()
+    finally:
+        recover_everything(lab)
+    assert_intact(sent, received)
+    assert sent["finals"] == ["fallback"] and received["finals"] == ["fallback"], (sent, received)
+    failover = ("FAILOVER_KIND_FAILOVER", "mlx5_0", "mlx5_1")
+    failback = ("FAILOVER_KIND_FAILBACK", "mlx5_1", "mlx5_0")
+    followed = [(*failover, "peer_notification"), (*failback, "peer_notification"), (*failover, "nic_event")]
+    assert switches(lab, "h1", since, wait_for=3) == followed
+    # h0's failback never resumed (h1's count on the default path was held): no report of it
+    assert switches(lab, "h0", since, wait_for=2) == [
+        (*failover, "nic_event"),
+        (*failover, "peer_notification"),
+    ]
+
+
+def test_the_default_path_fails_during_the_failbacks_handshake(lab: Lab) -> None:
+    """h0 leads a failback and h1's count on the default path never comes (rail 0 holds it, a black hole
+    that no shiftd sees): h0's own count meets the ack deadline in the middle of the handshake, and h0
+    leaves for the backup it re-armed when it switched back. h1, which had resumed, follows h0's
+    notification there, or meets the deadline of its held count first: both are on the black hole."""
+    try:
+        with Stream(lab, "send") as stream:
+            since = time.time()
+            nic_fault("h0").inject(lab)
+            assert stream.sender.read("state")["state"] == "fallback"
+            with frames_held(lab, 0, "h0", wire.Op.WRITE_IMM):
+                nic_fault("h0").recover(lab)
+                assert stream.sender.read("state", timeout=20)["state"] == "default"
+                assert stream.sender.read("state")["state"] == "fallback"
+                for host in HOSTS:
+                    switches(lab, host, since, wait_for=2)
+            time.sleep(0.5)  # traffic on the backup path
+            sent, received = stream.finish()
+    finally:
+        recover_everything(lab)
+    assert_intact(sent, received)
+    assert sent["finals"] == ["fallback"] and received["finals"] == ["fallback"], (sent, received)
+    failover = ("FAILOVER_KIND_FAILOVER", "mlx5_0", "mlx5_1")
+    failback = ("FAILOVER_KIND_FAILBACK", "mlx5_1", "mlx5_0")
+    assert switches(lab, "h0", since, wait_for=2) == [
+        (*failover, "nic_event"),
+        (*failover, "error_completion"),
+    ]
+    h1 = switches(lab, "h1", since, wait_for=3)
+    assert h1[:2] == [(*failover, "peer_notification"), (*failback, "peer_notification")], h1
+    assert h1[2:] in ([(*failover, "peer_notification")], [(*failover, "error_completion")]), h1
