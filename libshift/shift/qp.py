@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from libshift.shift.context import ShiftContext
 
 log = logging.getLogger("libshift.shift")
-INLINE = int(ibv_send_flags.IBV_SEND_INLINE)  # a plain int: IntFlag arithmetic costs microseconds per post
+INLINE = int(ibv_send_flags.IBV_SEND_INLINE)  # plain ints: IntFlag arithmetic costs microseconds per post
+SIGNALED = int(ibv_send_flags.IBV_SEND_SIGNALED)
 PEER_WAIT = 10.0  # how long connect waits for the peer's backup to be published
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # after a failure shiftd did not see, try the default path this often
 CONTROL_ACCESS = ibv_access_flags.IBV_ACCESS_LOCAL_WRITE | ibv_access_flags.IBV_ACCESS_REMOTE_WRITE
@@ -344,8 +345,8 @@ class ShiftQP:
                 rkey = self.ctx.keys.backup(self.remote.gid, wr.rkey) or wr.rkey
             else:
                 self.ctx.keys.prefetch(self.remote.gid, wr.rkey)
-        flags = int(wr.send_flags) | ibv_send_flags.IBV_SEND_SIGNALED  # every WR's fate must be known here
-        return dataclasses.replace(wr, wr_id=entry.wr_id, sg=sg, num_sge=None, send_flags=flags, rkey=rkey)
+        flags = int(wr.send_flags) | SIGNALED  # every WR's fate must be known here
+        return wr.copy_with(entry.wr_id, sg, flags, rkey)
 
     # -- completions ---------------------------------------------------------------------------------------
 
@@ -372,7 +373,8 @@ class ShiftQP:
             return
         else:  # the application's own error, or nothing left to switch to: it goes to the application
             self._break()
-        entry.wc = dataclasses.replace(wc, wr_id=entry.wr.wr_id, qp_num=self.qp_num)
+        wc.wr_id, wc.qp_num = entry.wr.wr_id, self.qp_num  # polled, the provider's WC is ours alone
+        entry.wc = wc
         self._deliver()
 
     def _on_control(self, wc: WC, path: str) -> None:

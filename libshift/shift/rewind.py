@@ -9,7 +9,6 @@ its bytes (a slot of the context's InlinePool, inline.py), given back when the e
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
@@ -88,7 +87,8 @@ class Ledger:
 
     def add_send(self, wr: SendWR, sig_all: bool) -> Entry:
         signaled = sig_all or bool(int(wr.send_flags) & SIGNALED)
-        entry = Entry(next(self._ids), dataclasses.replace(wr, sg=list(wr.sges())), signaled)
+        own = wr.copy_with(wr.wr_id, list(wr.sges()), wr.send_flags, wr.rkey)  # the application may reuse wr
+        entry = Entry(next(self._ids), own, signaled)
         if wr.opcode in TWO_SIDED:
             entry.index = self.sent_two_sided
             self.sent_two_sided += 1
@@ -97,7 +97,7 @@ class Ledger:
         return entry
 
     def add_recv(self, wr: RecvWR) -> Entry:
-        entry = Entry(next(self._ids), dataclasses.replace(wr, sg=list(wr.sges())))
+        entry = Entry(next(self._ids), RecvWR(wr.wr_id, None, list(wr.sges())))
         self.rq.entries.append(entry)
         self.by_id[entry.wr_id] = entry
         return entry
