@@ -37,7 +37,8 @@ log = logging.getLogger("libshift.shift")
 INLINE = int(ibv_send_flags.IBV_SEND_INLINE)  # plain ints: IntFlag arithmetic costs microseconds per post
 SIGNALED = int(ibv_send_flags.IBV_SEND_SIGNALED)
 PEER_WAIT = 10.0  # how long connect waits for the peer's backup to be published
-RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # after a failure shiftd did not see, try the default path this often
+RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # after a failure shiftd did not see, or a failed probe, try the default
+# path again this often
 CONTROL_ACCESS = ibv_access_flags.IBV_ACCESS_LOCAL_WRITE | ibv_access_flags.IBV_ACCESS_REMOTE_WRITE
 ST = ibv_wc_status
 TRANSPORT_ERRORS = frozenset(
@@ -295,9 +296,10 @@ class ShiftQP:
 
     def retry_default(self, now: float) -> None:
         """After a failure only our own completions saw (a black hole: shiftd's NIC stays UP, so no NIC UP
-        will come), try the default path again now and then, backing off: its probe moves the traffic
-        home once the path carries traffic again, and fails harmlessly while it does not. The side that
-        detected the failure asks; the other follows its re-arm request."""
+        will come), or a probe that failed after a NIC UP, try the default path again now and then, backing
+        off: its probe moves the traffic home once the path carries traffic again, and fails harmlessly
+        while it does not. The side that detected the failure (or probed) asks; the other follows its
+        re-arm request."""
         if self._retry_at is None or now < self._retry_at:
             return  # the common case, on every scan of every QP: no lock for it
         with self.ctx.lock:
@@ -390,6 +392,9 @@ class ShiftQP:
             return
         if self._switching or path != self.current:
             self.armed[path] = False  # a path we left or are leaving; or a re-armed one that failed its probe
+            if wc.wr_id == notify.PROBE_SEND and self.state == State.FALLBACK and self._retry_at is None:
+                # the NIC UP that started this failback will not come again: try again now and then
+                self._retry_at = time.monotonic() + self._retry_wait
             return
         log.warning("QP %d: control traffic on the %s path failed (%s)", self.qp_num, path, wc.status.name)
         if self._can_leave():

@@ -249,3 +249,29 @@ def test_the_default_path_fails_during_the_failbacks_handshake(lab: Lab) -> None
     h1 = switches(lab, "h1", since, wait_for=3)
     assert h1[:2] == [(*failover, "peer_notification"), (*failback, "peer_notification")], h1
     assert h1[2:] in ([(*failover, "peer_notification")], [(*failover, "error_completion")]), h1
+
+
+def test_a_failed_probe_is_tried_again(lab: Lab) -> None:
+    """h0's NIC comes back while rail 0 silently drops everything towards h1, so the failback's probe
+    fails. No NIC UP will come again: h0 tries the default path again a second later (then backing off),
+    and once the black hole is lifted a try brings the stream home."""
+    try:
+        with Stream(lab, "send") as stream:
+            since = time.time()
+            nic_fault("h0").inject(lab)
+            assert stream.sender.read("state")["state"] == "fallback"
+            rail_qdisc(lab, 0, "h1", "blackhole")
+            try:
+                nic_fault("h0").recover(lab)
+                wait_nic_state(lab, "h0", "mlx5_0", "NIC_STATE_UP")
+                time.sleep(1.0)  # the re-arm, and a probe that meets the ack deadline (67 ms)
+            finally:
+                rail_qdisc(lab, 0, "h1")
+            assert stream.sender.read("state", timeout=15)["state"] == "default"
+            time.sleep(0.3)  # traffic on the default path again
+            sent, received = stream.finish()
+    finally:
+        recover_everything(lab)
+    assert_intact(sent, received)
+    assert_switched(sent, received, "send", ["fallback", "default"])
+    assert_reports(lab, since, nic_fault("h0"), 2)  # h0 led the failback (nic_recovered), h1 followed
