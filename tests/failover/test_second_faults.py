@@ -39,7 +39,9 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
 PATIENT = ("--timeout", "18", "--retry-cnt", "7")  # ack deadline: 4.096 us x 2**18 x 8 tries = 8.6 s
 VERY_PATIENT = ("--timeout", "19", "--retry-cnt", "7")  # 17.2 s, for a hold that waits out a hold-down
 LOST = ("IBV_WC_RETRY_EXC_ERR", "IBV_WC_WR_FLUSH_ERR")
-FAILOVER_ON_NIC_EVENT = ("FAILOVER_KIND_FAILOVER", "mlx5_0", "mlx5_1", "nic_event")
+FAILOVER = ("FAILOVER_KIND_FAILOVER", "mlx5_0", "mlx5_1")
+FAILBACK = ("FAILOVER_KIND_FAILBACK", "mlx5_1", "mlx5_0")
+FAILOVER_ON_NIC_EVENT = (*FAILOVER, "nic_event")
 
 
 def ack_deadline(args: tuple[str, ...]) -> float:
@@ -74,6 +76,18 @@ def assert_clean_error(sent: dict, received: dict) -> None:
     assert sent["failed"][0].endswith(LOST), sent["failed"]
     assert sent["finished"], sent
     assert sent["completed"] <= received["received"] <= sent["posted"], (sent, received)
+
+
+def finish_at_home(stream: Stream) -> tuple[dict, dict]:
+    """Wait for the sender's move back to the default path, let traffic flow there, and finish."""
+    assert stream.sender.read("state", timeout=15)["state"] == "default"
+    time.sleep(0.3)  # traffic on the default path again
+    return stream.finish()
+
+
+def assert_ended_on_the_backup(sent: dict, received: dict) -> None:
+    assert_intact(sent, received)
+    assert sent["finals"] == ["fallback"] and received["finals"] == ["fallback"], (sent, received)
 
 
 def test_the_peers_default_fails_during_the_handshake(lab: Lab) -> None:
@@ -167,16 +181,13 @@ def test_failback_waits_for_the_second_nic_to_recover(lab: Lab) -> None:
             wait_nic_state(lab, "h0", "mlx5_0", "NIC_STATE_UP")
             time.sleep(1.5)  # room for h0's re-arm request and a probe to time out, were one sent
             nic_fault("h1").recover(lab)
-            assert stream.sender.read("state", timeout=15)["state"] == "default"
-            time.sleep(0.3)  # traffic on the default path again
-            sent, received = stream.finish()
+            sent, received = finish_at_home(stream)
     finally:
         recover_everything(lab)
     assert_intact(sent, received)
     assert_switched(sent, received, "send", ["fallback", "default"])
-    back = ("FAILOVER_KIND_FAILBACK", "mlx5_1", "mlx5_0")
-    assert [s[:3] for s in switches(lab, "h0", since, wait_for=2)][1:] == [back]
-    assert switches(lab, "h1", since, wait_for=2)[1:] == [(*back, "nic_recovered")]  # h1 led it
+    assert [s[:3] for s in switches(lab, "h0", since, wait_for=2)][1:] == [FAILBACK]
+    assert switches(lab, "h1", since, wait_for=2)[1:] == [(*FAILBACK, "nic_recovered")]  # h1 led it
 
 
 def test_the_peers_default_fails_during_the_failbacks_handshake(
@@ -205,16 +216,13 @@ def test_the_peers_default_fails_during_the_failbacks_handshake(
             sent, received = stream.finish()
     finally:
         recover_everything(lab)
-    assert_intact(sent, received)
-    assert sent["finals"] == ["fallback"] and received["finals"] == ["fallback"], (sent, received)
-    failover = ("FAILOVER_KIND_FAILOVER", "mlx5_0", "mlx5_1")
-    failback = ("FAILOVER_KIND_FAILBACK", "mlx5_1", "mlx5_0")
-    followed = [(*failover, "peer_notification"), (*failback, "peer_notification"), (*failover, "nic_event")]
+    assert_ended_on_the_backup(sent, received)
+    followed = [(*FAILOVER, "peer_notification"), (*FAILBACK, "peer_notification"), (*FAILOVER, "nic_event")]
     assert switches(lab, "h1", since, wait_for=3) == followed
     # h0's failback never resumed (h1's count on the default path was held): no report of it
     assert switches(lab, "h0", since, wait_for=2) == [
-        (*failover, "nic_event"),
-        (*failover, "peer_notification"),
+        (*FAILOVER, "nic_event"),
+        (*FAILOVER, "peer_notification"),
     ]
 
 
@@ -238,17 +246,14 @@ def test_the_default_path_fails_during_the_failbacks_handshake(lab: Lab) -> None
             sent, received = stream.finish()
     finally:
         recover_everything(lab)
-    assert_intact(sent, received)
-    assert sent["finals"] == ["fallback"] and received["finals"] == ["fallback"], (sent, received)
-    failover = ("FAILOVER_KIND_FAILOVER", "mlx5_0", "mlx5_1")
-    failback = ("FAILOVER_KIND_FAILBACK", "mlx5_1", "mlx5_0")
+    assert_ended_on_the_backup(sent, received)
     assert switches(lab, "h0", since, wait_for=2) == [
-        (*failover, "nic_event"),
-        (*failover, "error_completion"),
+        (*FAILOVER, "nic_event"),
+        (*FAILOVER, "error_completion"),
     ]
     h1 = switches(lab, "h1", since, wait_for=3)
-    assert h1[:2] == [(*failover, "peer_notification"), (*failback, "peer_notification")], h1
-    assert h1[2:] in ([(*failover, "peer_notification")], [(*failover, "error_completion")]), h1
+    assert h1[:2] == [(*FAILOVER, "peer_notification"), (*FAILBACK, "peer_notification")], h1
+    assert h1[2:] in ([(*FAILOVER, "peer_notification")], [(*FAILOVER, "error_completion")]), h1
 
 
 def test_a_failed_probe_is_tried_again(lab: Lab) -> None:
@@ -267,9 +272,7 @@ def test_a_failed_probe_is_tried_again(lab: Lab) -> None:
                 time.sleep(1.0)  # the re-arm, and a probe that meets the ack deadline (67 ms)
             finally:
                 rail_qdisc(lab, 0, "h1")
-            assert stream.sender.read("state", timeout=15)["state"] == "default"
-            time.sleep(0.3)  # traffic on the default path again
-            sent, received = stream.finish()
+            sent, received = finish_at_home(stream)
     finally:
         recover_everything(lab)
     assert_intact(sent, received)
