@@ -37,8 +37,10 @@ from libshift.shift import ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP
 from libshift.verbs import SGE, WC, Endpoint, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
 from libshift.verbs import enums as e
 from shiftd import netns
+from shiftd.etcdproc import EtcdError
+from shiftd.fabric import FabricError
 from shiftd.gid import gid_of_ipv4
-from shiftd.lab import Lab
+from shiftd.lab import Lab, LabError
 from shiftd.labproc import LabProcess, LabProcessError
 
 SYNTHETIC_QPN = 0x400000  # the synthetic mappings' QPNs start here, far above the provider's own
@@ -462,7 +464,9 @@ def main() -> int:
         return 1
     try:
         result = run(args)
-    except LabProcessError as exc:  # a worker failed: its stderr says why, a traceback would not
+    except (LabProcessError, LabError, FabricError, EtcdError) as exc:
+        # a worker or the lab failed: the message names the worker's stderr or the lab's log; a traceback
+        # would not say more
         print(f"soak: {exc}", file=sys.stderr)
         return 1
     print_table(result)
