@@ -96,6 +96,12 @@ class ProviderQP(ABC):
     @abstractmethod
     def post_recv(self, wr: RecvWR) -> None: ...
 
+    def post_recv_list(self, wrs: Sequence[RecvWR]) -> None:
+        """Post `wrs` in order, as ibv_post_recv posts a chained list: those before a refused WR stay
+        posted, the refusal is raised, the rest are not posted."""
+        for wr in wrs:
+            self.post_recv(wr)
+
     @abstractmethod
     def close(self) -> None: ...
 

@@ -464,8 +464,8 @@ class ShiftQP:
             self._arm(BACKUP)
         self._resumed = False
         moved = self.ledger.rq.pending()
-        for entry in moved:
-            self._post(entry)
+        if moved:  # together: one hold of the provider's lock, not one per receive
+            self.qps[to].post_recv_list([self._on_current_path(entry) for entry in moved])
         for entry in self.ledger.sq.pending():
             entry.path = None
         self._switch = (reason, started, len(moved), left)

@@ -238,5 +238,10 @@ class QP(_Closable):
     def post_recv(self, wr: RecvWR) -> None:
         self.impl.post_recv(wr)
 
+    def post_recv_list(self, wrs: Sequence[RecvWR]) -> None:
+        """Post several receive WRs at once, in order (ibv_post_recv with a chained list): those before
+        a refused WR stay posted, the error is raised, the rest are not posted."""
+        self.impl.post_recv_list(wrs)
+
     def close(self) -> None:
         self.impl.close()

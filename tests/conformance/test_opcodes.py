@@ -266,6 +266,31 @@ def test_a_refused_wr_ends_a_posted_list_after_the_ones_before_it(pair):
     assert a.wait(1, timeout=0.3) == []  # the WR after the refused one was never posted
 
 
+def test_a_list_of_receives_posted_at_once_takes_messages_in_order(pair):
+    a, b = pair.a, pair.b
+    count = 12
+    b.qp.post_recv_list([RecvWR(wr_id=i, sg=[sge(b.mr, 8 * i, 8)]) for i in range(count)])
+    for i in range(count):
+        a.mr.write(U64.pack(2000 + i), offset=8 * i)
+        a.qp.post_send(SendWR(wr_id=i, opcode=e.IBV_WR_SEND, sg=[sge(a.mr, 8 * i, 8)], send_flags=SIGNALED))
+    assert [w.wr_id for w in b.wait(count)] == list(range(count))
+    assert [U64.unpack(b.mr.read(8, 8 * i))[0] for i in range(count)] == [2000 + i for i in range(count)]
+    assert len(a.wait(count)) == count
+
+
+def test_a_refused_receive_ends_a_posted_list_after_the_ones_before_it(make_pair):
+    pair = make_pair(cap=QPCap(max_send_wr=8, max_recv_wr=2))
+    a, b = pair.a, pair.b
+    with pytest.raises(VerbsRDMAError, match="receive queue full"):
+        b.qp.post_recv_list([RecvWR(wr_id=i, sg=[sge(b.mr, 8 * i, 8)]) for i in range(3)])
+    for i in range(3):
+        a.qp.post_send(SendWR(wr_id=i, opcode=e.IBV_WR_SEND, sg=[sge(a.mr, 0, 8)], send_flags=SIGNALED))
+    assert [w.wr_id for w in b.wait(2)] == [0, 1]
+    b.qp.post_recv(RecvWR(wr_id=9, sg=[sge(b.mr, 64, 8)]))  # the third message takes this one, so the
+    assert [w.wr_id for w in b.wait(1)] == [9]  # third of the list was never posted
+    assert [(w.wr_id, w.status) for w in a.wait(3)] == [(i, e.IBV_WC_SUCCESS) for i in range(3)]
+
+
 def test_both_directions_at_once(pair):
     a, b = pair.a, pair.b
     for side in (a, b):

@@ -251,17 +251,26 @@ class TcpQP(ProviderQP):
             self._cancel_ack_timer()
 
     def post_recv(self, wr: RecvWR) -> None:
+        self.post_recv_list((wr,))
+
+    def post_recv_list(self, wrs: Sequence[RecvWR]) -> None:
+        """Queue the receives under one hold of the lock (a switch moves all of a QP's at once); a
+        refused WR ends the list after what came before it."""
         with self.engine.lock:
             if self._state is S.IBV_QPS_ERR:
-                self.responder.post(wr)
-                for recv in self.responder.pop_all():
-                    self.recv_cq.push(self.responder.flush_wc(recv))
+                try:
+                    for wr in wrs:
+                        self.responder.post(wr)
+                finally:  # posted to an ERR QP: they complete as flushes
+                    for recv in self.responder.pop_all():
+                        self.recv_cq.push(self.responder.flush_wc(recv))
                 return
             if self._state not in RECV_STATES:
                 raise VerbsRDMAError(
                     f"QP {self.qp_num}: post_recv needs INIT, RTR or RTS, the QP is {self._state.name}"
                 )
-            self.responder.post(wr)
+            for wr in wrs:
+                self.responder.post(wr)
 
     def enter_error_flush(self) -> None:
         """In ERR a new send WR completes at once with WR_FLUSH_ERR, as on an RNIC."""
