@@ -190,7 +190,6 @@ class Snapshot:
     """What is measured at the start and at the end."""
 
     at: float
-    rss_kib: dict[str, int]
     etcd: dict[str, float]
     failovers: int
     failbacks: int
@@ -256,23 +255,21 @@ class Soak:
             time.sleep(pause)
         self.faults += 1
 
-    def sample_rss(self, at: float) -> dict[str, int]:
-        """Each daemon's RSS now, kept in the series (a leak shows as growth after the warm-up)."""
-        rss = {}
+    def sample_rss(self, at: float) -> None:
+        """Each daemon's RSS now, added to the series (a leak shows as growth after the warm-up)."""
         for host in self.lab.host_names:
             daemon = self.lab.daemon(host)
-            rss[host] = rss_kib(daemon.pid) if daemon else 0
-            self.rss_series.setdefault(host, []).append((at, rss[host]))
-        return rss
+            self.rss_series.setdefault(host, []).append((at, rss_kib(daemon.pid) if daemon else 0))
 
     def snapshot(self, at: float = 0.0) -> Snapshot:
-        rss, failovers, failbacks = self.sample_rss(at), 0, 0
+        self.sample_rss(at)
+        failovers = failbacks = 0
         for host in self.lab.host_names:
             status = json.loads(self.shiftctl(host, "status", "--json").stdout or "{}")
             failovers += int(status.get("failovers", 0))
             failbacks += int(status.get("failbacks", 0))
         return Snapshot(
-            time.monotonic(), rss, etcd_counters(self.lab), failovers, failbacks, self.count_mappings()
+            time.monotonic(), etcd_counters(self.lab), failovers, failbacks, self.count_mappings()
         )
 
     def wait_for_mappings(self, timeout: float = 120.0) -> None:
@@ -392,7 +389,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "failbacks": end.failbacks - start.failbacks,
         "messages": sum(r.get("received", 0) for r in reports),
         "errors": soak.errors,
-        "rss_kib": {h: [start.rss_kib[h], end.rss_kib[h]] for h in lab.host_names},
+        "rss_kib": {h: [series[0][1], series[-1][1]] for h, series in soak.rss_series.items()},
         "rss_kib_series": soak.rss_series,
         "mappings_in_etcd": [start.mappings, end.mappings],
         "etcd_writes_per_second": writes,

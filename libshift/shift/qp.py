@@ -37,8 +37,7 @@ log = logging.getLogger("libshift.shift")
 INLINE = int(ibv_send_flags.IBV_SEND_INLINE)  # plain ints: IntFlag arithmetic costs microseconds per post
 SIGNALED = int(ibv_send_flags.IBV_SEND_SIGNALED)
 PEER_WAIT = 10.0  # how long connect waits for the peer's backup to be published
-RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # after a failure shiftd did not see, or a failed probe, try the default
-# path again this often
+RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # how often to try the default path again when no NIC UP will come
 CONTROL_ACCESS = ibv_access_flags.IBV_ACCESS_LOCAL_WRITE | ibv_access_flags.IBV_ACCESS_REMOTE_WRITE
 ST = ibv_wc_status
 TRANSPORT_ERRORS = frozenset(
@@ -313,6 +312,10 @@ class ShiftQP:
             if self._resumed and not self.armed[PRIMARY] and self.ctx.default_nic_up():
                 self._request_rearm(PRIMARY)
 
+    def _retry_later(self) -> None:
+        """Have retry_default try the default path once the current wait is over."""
+        self._retry_at = time.monotonic() + self._retry_wait
+
     # -- posting -------------------------------------------------------------------------------------------
 
     def _post_or_drop(self, entry: Entry) -> None:
@@ -393,8 +396,7 @@ class ShiftQP:
         if self._switching or path != self.current:
             self.armed[path] = False  # a path we left or are leaving; or a re-armed one that failed its probe
             if wc.wr_id == notify.PROBE_SEND and self.state == State.FALLBACK and self._retry_at is None:
-                # the NIC UP that started this failback will not come again: try again now and then
-                self._retry_at = time.monotonic() + self._retry_wait
+                self._retry_later()  # the NIC UP that started this failback will not come again
             return
         log.warning("QP %d: control traffic on the %s path failed (%s)", self.qp_num, path, wc.status.name)
         if self._can_leave():
@@ -491,7 +493,7 @@ class ShiftQP:
         elif reason == "nic_event" and self.ctx.default_nic_up():
             self._request_rearm(PRIMARY)  # the NIC came back while we were switching away from it
         elif reason == "error_completion":  # shiftd will not say when a silent failure ends: ask the path
-            self._retry_at = time.monotonic() + self._retry_wait
+            self._retry_later()
         self.ctx.report(
             common_pb2.FailoverReport(
                 kind=common_pb2.FAILOVER_KIND_FAILBACK if failback else common_pb2.FAILOVER_KIND_FAILOVER,

@@ -169,7 +169,7 @@ def frames_held(lab: Lab, rail: int, towards: str, op: wire.Op) -> Iterator[None
             subprocess.run([*tc, *command], check=True)
         yield
     finally:
-        subprocess.run([*tc, "qdisc", "del", *dev, "root"], check=True)
+        rail_qdisc(lab, rail, towards)
 
 
 def silent_blackhole(towards: str = "h1") -> Fault:
