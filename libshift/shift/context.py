@@ -1,10 +1,10 @@
 """ShiftContext: a device opened with failover, and the state its shadow resources share.
 
-The application uses it exactly like a plain Context. Behind it, the context opens the backup device the
-policy names, registers with the local shiftd (NIC events, key publication), and runs a watcher thread per
-device channel: the backup one wakes on the backup path's receive completions, which is how a peer's
-notification is noticed even while the application is not polling. Without a backup device or a shiftd,
-it is a plain context and says once why.
+The application uses it exactly like a plain Context. Behind it, the context opens the backup devices the
+policy names (paths.py: the backup, then the backup's backup), registers with the local shiftd (NIC events,
+key publication), and runs a watcher thread per device channel: a backup path's wakes on its receive
+completions, which is how a peer's notification is noticed even while the application is not polling.
+Without a backup device or a shiftd, it is a plain context and says once why.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from libshift.api.shift.v1 import common_pb2
 from libshift.device import get_device_list
 from libshift.shift.inline import InlinePool
 from libshift.shift.keys import RemoteKeys
-from libshift.shift.policy import backup_device
-from libshift.shift.rewind import BACKUP, PRIMARY
+from libshift.shift.paths import PATHS, PRIMARY
+from libshift.shift.policy import backup_count, backup_devices
 from libshift.verbs import CQ, CompChannel, Context
 from libshift.verbs.errors import VerbsError
 
@@ -55,16 +55,18 @@ class ShiftContext:
     def __init__(self, name: str, provider: str | None = None, agent: Agent | None = None) -> None:
         self.name = name
         self.primary = Context(name, provider)
+        self.devices: dict[str, Context] = {PRIMARY: self.primary}  # path -> its device, the default first
+        self.backups: list[str] = []  # the backup paths, in the order a QP moves along them
+        self.path_of: dict[str, str] = {name: PRIMARY}  # device name -> path
         self.lock = threading.RLock()
-        self.lkeys: dict[int, int] = {}  # default lkey -> backup lkey
+        self.lkeys: dict[str, dict[int, int]] = {}  # backup path -> (default lkey -> lkey on that path)
         self.inline = InlinePool(self.lkeys)  # copies of inline sends in flight on resilient QPs
         self.cqs: list[ShiftCQ] = []
         self.qps: dict[tuple[str, int], ShiftQP] = {}
-        self.backup: Context | None = None
         self.agent: Agent | None = None
         self.keys: RemoteKeys | None = None
         self.channels: dict[str, CompChannel] = {}  # per path: the watchers' provider channels
-        self.control_cq: CQ | None = None  # receive CQ of every backup QP (notifications first)
+        self.control_cqs: dict[str, CQ] = {}  # per backup path: the receive CQ of its QPs (notifications)
         self._closing = threading.Event()
         self._watchers: list[threading.Thread] = []
         self._backup_next = self._backup_hot = 0.0  # see progress()
@@ -75,29 +77,40 @@ class ShiftContext:
         self._own_agent = False  # an agent handed in is the caller's to close
         self._reports: queue.SimpleQueue[common_pb2.FailoverReport | None] = queue.SimpleQueue()
         self._reporter: threading.Thread | None = None
-        why = self._open_backup(agent)
+        why = self._open_backups(agent)
         if why:
             _tell_once(f"{name}: no failover ({why}); running as a plain context")
 
-    def _open_backup(self, agent: Agent | None) -> str | None:
-        """Open the backup side; on failure return why there is none."""
+    def _open_backups(self, agent: Agent | None) -> str | None:
+        """Open the backup devices (one that cannot be opened is skipped); without any, return why."""
         provider = self.primary.device.provider
         names = [d.name for d in get_device_list() if d.provider == provider]
-        backup = backup_device(self.name, names)
-        if backup is None:
+        wanted = backup_devices(self.name, names, backup_count())
+        if not wanted:
             return "the host has no other device"
-        try:
-            opened = Context(backup, provider)
-        except VerbsError as exc:
-            return f"backup device {backup} cannot be opened: {exc}"
+        opened: list[Context] = []
+        why = ""
+        for backup in wanted:
+            try:
+                opened.append(Context(backup, provider))
+            except VerbsError as exc:
+                why = f"backup device {backup} cannot be opened: {exc}"
+                _tell_once(f"{self.name}: {why}; it backs up nothing")
+        if not opened:
+            return why
         self.agent = agent or Agent.connect()
         if self.agent is None:
-            opened.close()
+            for ctx in opened:
+                ctx.close()
             return "no shiftd to tell it about NIC failures and peers' backups"
         self._own_agent = agent is None
-        self.backup = opened
-        self.keys = RemoteKeys(self.agent)
-        self.control_cq = CQ(self.backup, CONTROL_CQE, channel=self.watch(BACKUP))
+        for path, ctx in zip(PATHS[1:], opened, strict=False):
+            self.devices[path] = ctx
+            self.backups.append(path)
+            self.path_of[ctx.name] = path
+            self.lkeys[path] = {}
+            self.control_cqs[path] = CQ(ctx, CONTROL_CQE, channel=self.watch(path))
+        self.keys = RemoteKeys(self.agent, len(self.backups))
         self.agent.add_listener(self._on_nic)
         self._reporter = threading.Thread(target=self._send_reports, name=f"libshift-{self.name}-reports")
         self._reporter.daemon = True
@@ -106,7 +119,7 @@ class ShiftContext:
 
     @property
     def resilient(self) -> bool:
-        return self.backup is not None
+        return bool(self.backups)
 
     def query_gid(self, port_num: int = 1, index: int = 0) -> str:
         return self.primary.query_gid(port_num, index)
@@ -124,14 +137,16 @@ class ShiftContext:
         The lock is taken per batch of completions, not for the whole pass: when a thousand QPs switch at
         once, the application posts on the QPs already resumed while the others are still being handled."""
         now = time.monotonic()
-        backup = self.backup is not None and (everything or now >= self._backup_next)
+        backup = bool(self.backups) and (everything or now >= self._backup_next)
         moved = False
         for cq in list(self.cqs):
             self._drain(cq.primary, PRIMARY)
-            if backup and cq.backup is not None:
-                moved |= self._drain(cq.backup, BACKUP)
-        if backup and self.control_cq is not None:
-            moved |= self._drain(self.control_cq, BACKUP)
+            if backup:
+                for path in self.backups:
+                    moved |= self._drain(cq.on[path], path)
+        if backup:
+            for path, control in self.control_cqs.items():
+                moved |= self._drain(control, path)
         if moved:
             self._backup_hot = now + BACKUP_HOT
         if backup:
@@ -209,9 +224,7 @@ class ShiftContext:
         the peer's notifications and control messages, both paths' for completion channels of ShiftCQs."""
         with self.lock:
             if path not in self.channels:
-                ctx = self.primary if path == PRIMARY else self.backup
-                assert ctx is not None
-                self.channels[path] = CompChannel(ctx)
+                self.channels[path] = CompChannel(self.devices[path])
                 watcher = threading.Thread(
                     target=self._watch, args=(path,), name=f"libshift-{self.name}-{path}", daemon=True
                 )
@@ -231,7 +244,7 @@ class ShiftContext:
                     for cq in self._armable(path):
                         cq.req_notify()
                 self.progress(everything=True)
-                if path == BACKUP:
+                if path != PRIMARY:
                     self._scan()
             except VerbsError as exc:  # a refused control verb: say so, keep watching the other QPs
                 log.warning("%s: %s", self.name, exc)
@@ -257,29 +270,34 @@ class ShiftContext:
 
     def _armable(self, path: str) -> list[CQ]:
         """The provider CQs of `path` that report to its watcher's channel."""
-        found = [cq.primary if path == PRIMARY else cq.backup for cq in self.cqs if cq.channel is not None]
-        return [cq for cq in (*found, self.control_cq if path == BACKUP else None) if cq is not None]
+        found = [cq.on[path] for cq in self.cqs if cq.channel is not None]
+        control = self.control_cqs.get(path)
+        return found if control is None else [*found, control]
 
     def _on_nic(self, event: common_pb2.NicEvent) -> None:
         """shiftd's word on our devices: the default's DOWN is the fastest of the three detections, its UP
-        starts the failback; the backup's DOWN matters while traffic is on it."""
+        starts the failback; a backup's DOWN moves the traffic on it along, its UP re-arms it."""
         down, up = event.state == common_pb2.NIC_STATE_DOWN, event.state == common_pb2.NIC_STATE_UP
-        backup = self.backup is not None and event.device == self.backup.name
-        if event.device != self.name and not (backup and down):
+        path = self.path_of.get(event.device)
+        if path is None or not (down or up):
             return
         with self.lock:
             qps = set(self.qps.values())
         for qp in qps:  # the lock per QP: with a thousand QPs the first moves at once, not after the last
             with self.lock:
-                if backup:
-                    qp.backup_down()
+                if path != PRIMARY and down:
+                    qp.backup_down(path)
+                elif path != PRIMARY:
+                    qp.backup_up(path)
                 elif down:
                     qp.nic_down()
-                elif up:
+                else:
                     qp.nic_up()
 
-    def default_nic_up(self) -> bool:
-        return self.agent is not None and self.agent.nic_state(self.name) == common_pb2.NIC_STATE_UP
+    def device_up(self, path: str) -> bool:
+        """Whether shiftd says the device of `path` is UP."""
+        state = self.agent.nic_state(self.devices[path].name) if self.agent is not None else None
+        return state == common_pb2.NIC_STATE_UP
 
     def report(self, report: common_pb2.FailoverReport) -> None:
         """Tell shiftd off the data path: the call may take a while and never matters to the traffic.
@@ -309,9 +327,8 @@ class ShiftContext:
         if self.keys is not None:
             self.keys.close()
         self.inline.close()
-        for ctx in (self.primary, self.backup):
-            if ctx is not None:
-                ctx.close()
+        for ctx in reversed(self.devices.values()):
+            ctx.close()
 
     def __enter__(self) -> ShiftContext:
         return self

@@ -1,4 +1,4 @@
-"""ShiftCQ and ShiftCompChannel: the application's completion queue over both paths, and blocking waits.
+"""ShiftCQ and ShiftCompChannel: the application's completion queue over all its paths, and blocking waits.
 
 A ShiftCQ has a provider CQ on each device; polling it makes the context take every completion out of the
 provider CQs and hand it to its QP, which releases completions to the application in posting order. The
@@ -14,7 +14,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from libshift.shift.rewind import BACKUP, PRIMARY
+from libshift.shift.paths import PRIMARY
 from libshift.verbs import CQ, WC
 from libshift.verbs.errors import CQOverflowError, VerbsError, VerbsRDMAError
 
@@ -25,7 +25,8 @@ CQ_SLACK = 4096  # room in the provider CQs for completions the application neve
 
 
 class ShiftCQ:
-    """The application's CQ: completions of both paths, in each QP's posting order, with its own wr_ids."""
+    """The application's CQ: completions of every path, in each QP's posting order, with its own wr_ids.
+    `on[path]` is the provider CQ of a path; `primary` the default path's."""
 
     def __init__(
         self,
@@ -42,10 +43,11 @@ class ShiftCQ:
         self.channel = channel
         self._armed = False
         watched = channel is not None
-        self.primary = CQ(ctx.primary, cqe + CQ_SLACK, channel=ctx.watch(PRIMARY) if watched else None)
-        self.backup: CQ | None = None
-        if ctx.backup is not None:
-            self.backup = CQ(ctx.backup, cqe + CQ_SLACK, channel=ctx.watch(BACKUP) if watched else None)
+        self.on = {
+            path: CQ(device, cqe + CQ_SLACK, channel=ctx.watch(path) if watched else None)
+            for path, device in ctx.devices.items()
+        }
+        self.primary = self.on[PRIMARY]
         self.ready: deque[WC] = deque()
         self.overflowed = False
         with ctx.lock:
@@ -90,16 +92,15 @@ class ShiftCQ:
         with self.ctx.lock:
             if self in self.ctx.cqs:
                 self.ctx.cqs.remove(self)
-        for cq in (self.primary, self.backup):
-            if cq is not None:
-                cq.close()
+        for cq in reversed(self.on.values()):
+            cq.close()
 
 
 class ShiftCompChannel:
     """Blocking waits for ShiftCQs: arm a CQ with req_notify(), then get_cq_event(), as with CompChannel.
 
     The waiting thread itself waits on the default path's provider channel and makes progress on what
-    comes (ShiftContext.serve); while traffic is on the backup path, or when no thread waits, the context's
+    comes (ShiftContext.serve); while traffic is on a backup path, or when no thread waits, the context's
     watcher threads make progress and raise the events.
     """
 

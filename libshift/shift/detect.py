@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
+from libshift.shift.settings import env_int
 from libshift.verbs import QPAttr
 from libshift.verbs.attrs import ack_deadline
-from libshift.verbs.errors import VerbsError
 
 TIMEOUT = 12  # 16.8 ms per try ...
 RETRY_CNT = 3  # ... 4 tries: 67 ms from the last ack to the move
@@ -31,23 +30,10 @@ def _deadline(timeout: int, retry_cnt: int) -> float:
     return math.inf if seconds is None else seconds
 
 
-def _setting(name: str, default: int, low: int, high: int) -> int:
-    text = os.environ.get(name)
-    if text is None or text.strip() == "":
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = low - 1
-    if not low <= value <= high:
-        raise VerbsError(f"{name} must be an integer from {low} to {high}, not {text!r}")
-    return value
-
-
 def default_path_attr(attr: QPAttr) -> QPAttr:
     """`attr` with the detection deadline on the default path, unless the application's is shorter."""
-    timeout = _setting("SHIFT_DETECT_TIMEOUT", TIMEOUT, 1, 31)
-    retry_cnt = _setting("SHIFT_DETECT_RETRY_CNT", RETRY_CNT, 0, 7)
+    timeout = env_int("SHIFT_DETECT_TIMEOUT", TIMEOUT, 1, 31)
+    retry_cnt = env_int("SHIFT_DETECT_RETRY_CNT", RETRY_CNT, 0, 7)
     if _deadline(attr.timeout, attr.retry_cnt) <= _deadline(timeout, retry_cnt):
         return attr
     return dataclasses.replace(attr, timeout=timeout, retry_cnt=retry_cnt)

@@ -7,8 +7,8 @@ copies an inline send's bytes into a slot of this pool when it is posted and poi
 slot; the ledger gives the slot back when it lets the entry go (Ledger.finished, Ledger.drop).
 
 The pool belongs to the ShiftContext (`ctx.inline`, closed with it) and is used under the context's lock.
-Its memory is registered on both devices over the same bytes, as a ShiftMR's is, with the backup lkey in
-`ctx.lkeys` so that ShiftQP._post translates a slot's lkey like any other; its rkey is never published (no
+Its memory is registered on every device over the same bytes, as a ShiftMR's is, with each backup's lkey
+in `ctx.lkeys` so that ShiftQP._post translates a slot's lkey like any other; its rkey is never published (no
 peer addresses it). An SGE's lkey must belong to the QP's PD, so the memory is kept per PD, in slots of the
 QP's max_inline_data: the provider refuses a longer inline send, which therefore never needs a slot.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
+from libshift.shift.paths import BACKUP, PRIMARY
 from libshift.verbs import MR, PD, SGE, SendWR
 
 CHUNK_SLOTS = 32  # slots registered at once: a registration per 32 inline sends in flight at most
@@ -36,13 +37,13 @@ class Slot:
 
 
 class Shelf:
-    """The slots of one size in one PD and its twin: chunks of them are added as needed, kept until close."""
+    """The slots of one size in one PD and its twins: chunks of them are added as needed, kept until close."""
 
-    def __init__(self, pds: tuple[PD, PD], size: int, lkeys: dict[int, int]) -> None:
+    def __init__(self, pds: dict[str, PD], size: int, lkeys: dict[str, dict[int, int]]) -> None:
         self.pds, self.size = pds, size
         self.free: list[Slot] = []
         self._lkeys = lkeys
-        self._chunks: list[tuple[MR, MR]] = []
+        self._chunks: list[dict[str, MR]] = []
 
     @property
     def taken(self) -> int:
@@ -54,18 +55,22 @@ class Shelf:
         return self.free.pop()
 
     def _grow(self) -> None:
-        primary, backup = self.pds
-        mr = MR(primary, self.size * CHUNK_SLOTS, 0)  # access 0: only read, by the local device
-        twin = MR(backup, mr.length, 0, buffer=mr.view)
-        self._lkeys[mr.lkey] = twin.lkey
-        self._chunks.append((mr, twin))
+        mr = MR(self.pds[PRIMARY], self.size * CHUNK_SLOTS, 0)  # access 0: only read, by the local device
+        chunk = {PRIMARY: mr}
+        for path, pd in self.pds.items():
+            if path != PRIMARY:
+                chunk[path] = MR(pd, mr.length, 0, buffer=mr.view)
+                self._lkeys[path][mr.lkey] = chunk[path].lkey
+        self._chunks.append(chunk)
         self.free += (Slot(self, mr.buf + i * self.size, mr.lkey) for i in reversed(range(CHUNK_SLOTS)))
 
     def close(self) -> None:
-        for mr, twin in self._chunks:
-            self._lkeys.pop(mr.lkey, None)
-            twin.close()
-            mr.close()
+        for chunk in self._chunks:
+            lkey = chunk[PRIMARY].lkey
+            for path, mr in reversed(chunk.items()):
+                if path != PRIMARY:
+                    self._lkeys[path].pop(lkey, None)
+                mr.close()
         self._chunks.clear()
         self.free.clear()
 
@@ -73,8 +78,8 @@ class Shelf:
 class InlinePool:
     """The inline copies of one context: `keep` when a send is posted, `Slot.release` when it is done."""
 
-    def __init__(self, lkeys: dict[int, int]) -> None:
-        self._lkeys = lkeys  # the context's default lkey -> backup lkey
+    def __init__(self, lkeys: dict[str, dict[int, int]]) -> None:
+        self._lkeys = lkeys  # the context's: backup path -> (default lkey -> lkey on that path)
         self._shelves: dict[tuple[PD, int], Shelf] = {}
 
     @property
@@ -82,8 +87,9 @@ class InlinePool:
         """Slots holding the bytes of a send not yet done."""
         return sum(shelf.taken for shelf in self._shelves.values())
 
-    def keep(self, wr: SendWR, pds: tuple[PD, PD], size: int) -> Slot | None:
-        """Copy the bytes `wr` gathers into a slot of `size` bytes in `pds` and point `wr` at it.
+    def keep(self, wr: SendWR, pds: dict[str, PD], size: int) -> Slot | None:
+        """Copy the bytes `wr` gathers into a slot of `size` bytes in `pds` (path -> PD of the QP's paths)
+        and point `wr` at it.
 
         The bytes are read from the SGEs' addresses, as libibverbs reads an inline send's. None (`wr` kept
         as it is) when there is nothing to copy, when they do not fit (the provider has refused such a
@@ -92,11 +98,12 @@ class InlinePool:
         """
         sg = wr.sg
         length = sum(sge.length for sge in sg)
-        if not 0 < length <= size or not all(sge.lkey in self._lkeys for sge in sg):
+        known = self._lkeys[BACKUP]  # every MR has a twin on every backup path
+        if not 0 < length <= size or not all(sge.lkey in known for sge in sg):
             return None
-        shelf = self._shelves.get((pds[0], size))
+        shelf = self._shelves.get((pds[PRIMARY], size))
         if shelf is None:
-            shelf = self._shelves[(pds[0], size)] = Shelf(pds, size, self._lkeys)
+            shelf = self._shelves[(pds[PRIMARY], size)] = Shelf(pds, size, self._lkeys)
         slot = shelf.take()
         at = slot.addr
         for sge in sg:

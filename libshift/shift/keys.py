@@ -1,7 +1,9 @@
 """The peer's backup rkeys, looked up through the agent by the rkey the application already uses.
 
-A lookup is a gRPC call that may wait for etcd, so it starts in the background the first time a WR names an
-rkey, and a switch only collects the answer.
+The peer publishes each backup key as the backup of the key before it: its backup's rkey under its default
+rkey, its backup's backup's under its backup's. A lookup is a gRPC call that may wait for etcd, so the whole
+chain is looked up in the background the first time a WR names an rkey, and a switch only collects it. The
+peer publishes the deepest link first, so once the first link is there the rest (if any) are too.
 """
 
 from __future__ import annotations
@@ -16,33 +18,43 @@ LOOKUP_WAIT = 5.0
 
 
 class RemoteKeys:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, depth: int) -> None:
         self._agent = agent
+        self._depth = depth  # our backup paths: no deeper key can be used
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="libshift-keys")
-        self._lookups: dict[tuple[str, int], Future[int | None]] = {}
+        self._chains: dict[tuple[str, int], Future[list[int]]] = {}
 
     def prefetch(self, gid: str, rkey: int) -> None:
-        if (gid, rkey) not in self._lookups:
-            self._lookups[(gid, rkey)] = self._pool.submit(self._lookup, gid, rkey)
+        if (gid, rkey) not in self._chains:
+            self._chains[(gid, rkey)] = self._pool.submit(self._chain, gid, rkey)
 
-    def backup(self, gid: str, rkey: int) -> int | None:
-        """The backup rkey of the peer MR (gid, rkey); None when it has none (the WR will fail remotely)."""
+    def backup(self, gid: str, rkey: int, depth: int = 1) -> int | None:
+        """The rkey of the peer MR (gid, rkey) on its `depth`-th backup (1: the backup, 2: the backup's
+        backup); None when it has none (the WR will fail remotely)."""
         self.prefetch(gid, rkey)
         try:
-            return self._lookups[(gid, rkey)].result(timeout=LOOKUP_WAIT + 1)
+            chain = self._chains[(gid, rkey)].result(timeout=LOOKUP_WAIT + 1)
         except TimeoutError:
             return None
+        return chain[depth - 1] if depth <= len(chain) else None
 
-    def _lookup(self, gid: str, rkey: int) -> int | None:
-        try:
-            found = self._agent.lookup_mr(gid, rkey, wait=LOOKUP_WAIT)
-        except AgentError as exc:
-            log.warning("backup key of peer MR %s rkey %#x: %s", gid, rkey, exc)
-            return None
-        if found is None:
-            log.warning("peer MR %s rkey %#x has no published backup key", gid, rkey)
-            return None
-        return found.backup_rkey
+    def _chain(self, gid: str, rkey: int) -> list[int]:
+        """The peer MR's rkeys on its backups, in order, as far as it published them (and we can use)."""
+        chain: list[int] = []
+        wait = LOOKUP_WAIT
+        while len(chain) < self._depth:
+            try:
+                found = self._agent.lookup_mr(gid, rkey, wait=wait)
+            except AgentError as exc:
+                log.warning("backup key of peer MR %s rkey %#x: %s", gid, rkey, exc)
+                break
+            if found is None:
+                if not chain:
+                    log.warning("peer MR %s rkey %#x has no published backup key", gid, rkey)
+                break
+            chain.append(found.backup_rkey)
+            gid, rkey, wait = found.backup_gid, found.backup_rkey, 0.0
+        return chain
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,15 +1,17 @@
-"""ShiftPD and ShiftMR: protection domains and memory regions with a twin on the backup device.
+"""ShiftPD and ShiftMR: protection domains and memory regions with a twin on each backup device.
 
-The backup MR registers the same memory as the default one, so both keys address one buffer and a WR moved
-to the backup path needs only its keys translated, never its addresses.
+A backup MR registers the same memory as the default one, so all keys address one buffer and a WR moved
+to a backup path needs only its keys translated, never its addresses.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import TYPE_CHECKING
 
 from libshift.agent import AgentError
+from libshift.shift.paths import PRIMARY
 from libshift.verbs import MR, PD
 from libshift.verbs.objects import Buffer
 
@@ -20,43 +22,54 @@ log = logging.getLogger("libshift.shift")
 
 
 class ShiftPD:
-    """A PD on each device."""
+    """A PD on each device: `on[path]`; `primary` is the default device's."""
 
     def __init__(self, ctx: ShiftContext) -> None:
         self.ctx = ctx
-        self.primary = PD(ctx.primary)
-        self.backup = PD(ctx.backup) if ctx.backup is not None else None
+        self.on = {path: PD(device) for path, device in ctx.devices.items()}
+        self.primary = self.on[PRIMARY]
 
     def close(self) -> None:
-        for obj in (self.backup, self.primary):
-            if obj is not None:
-                obj.close()
+        for pd in reversed(self.on.values()):
+            pd.close()
 
 
 class ShiftMR:
-    """One buffer registered on both devices: the default keys are the application's, the backup keys are
-    published through shiftd so the peer can translate its rkey after a switch. The buffer is new memory, or
-    the application's own (`buffer`, as with MR)."""
+    """One buffer registered on every device: the default keys are the application's; each backup's keys
+    are published through shiftd as the backup of the keys before them (the backup's keys as those of the
+    default ones, the backup's backup's as those of the backup's), so that the peer can translate its
+    rkey after a switch. The buffer is new memory, or the application's own (`buffer`, as with MR)."""
 
     def __init__(self, pd: ShiftPD, length: int, access: int, buffer: Buffer | None = None) -> None:
         self.pd = pd
         self.primary = MR(pd.primary, length, access, buffer)
-        self.backup: MR | None = None
-        if pd.backup is not None:
-            self.backup = MR(pd.backup, length, access, buffer=self.primary.view)
+        self.on = {PRIMARY: self.primary}
+        for path in pd.ctx.backups:
+            self.on[path] = MR(pd.on[path], length, access, buffer=self.primary.view)
+        if len(self.on) > 1:
             self._publish()
 
+    def _links(self) -> list[tuple[str, str]]:
+        """(path, its backup path) pairs, the deepest first: a peer that finds a link finds those after it."""
+        return list(reversed(list(itertools.pairwise(self.on))))
+
     def _publish(self) -> None:
-        ctx, backup = self.pd.ctx, self.backup
-        assert ctx.agent is not None and ctx.backup is not None and backup is not None
-        ctx.lkeys[self.primary.lkey] = backup.lkey
+        ctx = self.pd.ctx
+        assert ctx.agent is not None
+        for path, mr in self.on.items():
+            if path != PRIMARY:
+                ctx.lkeys[path][self.primary.lkey] = mr.lkey
         try:
-            ctx.agent.publish_mr(
-                ctx.primary.query_gid(), self.primary.rkey, ctx.backup.query_gid(), backup.rkey
-            )
+            for path, backup in self._links():
+                ctx.agent.publish_mr(
+                    ctx.devices[path].query_gid(),
+                    self.on[path].rkey,
+                    ctx.devices[backup].query_gid(),
+                    self.on[backup].rkey,
+                )
         except AgentError as exc:
             log.warning(
-                "MR rkey %#x: backup key not published (%s); peers cannot fail over onto it", self.rkey, exc
+                "MR rkey %#x: backup keys not published (%s); peers cannot fail over onto it", self.rkey, exc
             )
 
     buf = property(lambda self: self.primary.buf)
@@ -74,11 +87,13 @@ class ShiftMR:
 
     def close(self) -> None:
         ctx = self.pd.ctx
-        if self.backup is not None and ctx.agent is not None:
-            ctx.lkeys.pop(self.primary.lkey, None)
+        if len(self.on) > 1 and ctx.agent is not None:
+            for path in self.on:
+                ctx.lkeys.get(path, {}).pop(self.primary.lkey, None)
             try:
-                ctx.agent.withdraw_mr(ctx.primary.query_gid(), self.primary.rkey)
+                for path, _ in self._links():
+                    ctx.agent.withdraw_mr(ctx.devices[path].query_gid(), self.on[path].rkey)
             except AgentError as exc:
-                log.warning("MR rkey %#x: backup key not withdrawn (%s)", self.rkey, exc)
-            self.backup.close()
-        self.primary.close()
+                log.warning("MR rkey %#x: backup keys not withdrawn (%s)", self.rkey, exc)
+        for mr in reversed(self.on.values()):
+            mr.close()

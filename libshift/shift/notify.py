@@ -1,4 +1,4 @@
-"""The control traffic between the two halves of a resilient QP pair.
+"""The control traffic between the two halves of a resilient QP pair, on whichever of its paths.
 
 The notification: an RDMA_WRITE_WITH_IMM whose immediate is our count of completed two-sided receives. It is
 sent on the path being switched to, and lands in a control receive that each side keeps at the head of that
@@ -10,8 +10,8 @@ message) on the path in use, into the peer's control MR for that path; they cons
 never disturb the application's receive queue. The watcher thread reads the word. A probe (a zero-byte
 RDMA_WRITE) proves a re-armed path carries traffic before anything moves onto it.
 
-Where each control MR is travels with the published backup endpoint (provider_data "shift_notify"), so the
-peer learns it from the same lookup that gives it the backup QP.
+Where each control MR is (one per path, on that path's device) travels with the published backup endpoint
+(provider_data "shift_notify"), so the peer learns it from the same lookup that gives it the backup QP.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from libshift.shift.rewind import BACKUP, COUNT_MASK, PRIMARY
+from libshift.shift.paths import BACKUP, PATHS, PRIMARY
+from libshift.shift.rewind import COUNT_MASK
 from libshift.verbs import MR, QP, SGE, Endpoint, RecvWR, SendWR
 from libshift.verbs.enums import ibv_send_flags, ibv_wr_opcode
 from libshift.verbs.errors import VerbsError
@@ -32,7 +33,6 @@ CONTROL_IDS = frozenset({NOTIFY_RECV, NOTIFY_SEND, MESSAGE_SEND, PROBE_SEND})
 CONTROL_BYTES = 32  # [0:16] the peer's latest message to us, [16:32] the source of ours
 WORD = 0xFFFFFFFFFFFFFFFF
 KEY = "shift_notify"
-PATHS = (PRIMARY, BACKUP)
 
 
 class Kind(enum.IntEnum):
@@ -64,10 +64,14 @@ def advertise(endpoint: Endpoint, controls: dict[str, MR]) -> Endpoint:
 
 
 def targets_of(endpoint: Endpoint) -> dict[str, tuple[int, int]]:
-    """path -> (addr, rkey) of the peer's control MRs, from its published backup endpoint."""
+    """path -> (addr, rkey) of the peer's control MRs, from its published backup endpoint: the default
+    path's and the backup's at least, and one for each further backup the peer keeps."""
     try:
         where = endpoint.provider_data[KEY]
-        return {path: (int(where[path]["addr"]), int(where[path]["rkey"])) for path in PATHS}
+        paths = [path for path in PATHS if path in where]
+        if PRIMARY not in paths or BACKUP not in paths:
+            raise KeyError(BACKUP)
+        return {path: (int(where[path]["addr"]), int(where[path]["rkey"])) for path in paths}
     except (KeyError, TypeError, ValueError):
         raise VerbsError(f"backup endpoint {endpoint.gid}/{endpoint.qpn} carries no {KEY} targets") from None
 

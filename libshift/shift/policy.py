@@ -1,20 +1,35 @@
-"""Which device backs up which: the next NIC of the host by default.
+"""Which devices back up which: the next NICs of the host, in order, wrapping around.
 
-With two NICs each backs up the other; with more, "next" spreads the backups over all the others instead of
-piling every failed NIC's traffic onto one.
+With two NICs each backs up the other. With more, "next" spreads the backups over all the others instead of
+piling every failed NIC's traffic onto one, and the NIC after the backup backs up the backup: a QP on
+mlx5_0 of a host with mlx5_0..mlx5_3 moves to mlx5_1 when mlx5_0 fails, and on to mlx5_2 when mlx5_1
+fails too. `SHIFT_BACKUPS` says how many backups each QP keeps connected (default 2): each costs a QP, a
+twin of every MR and a published mapping per QP and MR, so a host with eight NICs need not keep seven.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from libshift.shift.paths import MAX_PATHS
+from libshift.shift.settings import env_int
 
-def backup_device(default: str, devices: Sequence[str]) -> str | None:
-    """The device after `default` in `devices` (wrapping around), or None when it has no other device."""
+BACKUPS = 2
+
+
+def backup_count() -> int:
+    """How many backup paths a resilient QP keeps (SHIFT_BACKUPS)."""
+    return env_int("SHIFT_BACKUPS", BACKUPS, 1, MAX_PATHS - 1)
+
+
+def backup_devices(default: str, devices: Sequence[str], count: int) -> list[str]:
+    """Up to `count` devices after `default` in `devices`, wrapping around: the backup first, then the
+    backup's backup; empty when `default` has no other device."""
     names = sorted(set(devices), key=_natural)
-    if default not in names or len(names) < 2:
-        return None
-    return names[(names.index(default) + 1) % len(names)]
+    if default not in names:
+        return []
+    at = names.index(default)
+    return [names[(at + i) % len(names)] for i in range(1, min(count, len(names) - 1) + 1)]
 
 
 def _natural(name: str) -> tuple[str, int]:

@@ -1,12 +1,14 @@
-"""ShiftQP: an application RC QP with a connected backup QP behind it, and the switches between them.
+"""ShiftQP: an application RC QP with connected backup QPs behind it, and the switches between them.
 
-States: IDLE (not connected) -> DEFAULT (on the default path) <-> FALLBACK (on the backup path); PLAIN when
+States: IDLE (not connected) -> DEFAULT (on the default path) <-> FALLBACK (on a backup path); PLAIN when
 there is no backup (a plain QP), BROKEN once an error has gone to the application (its own error, or the
-path in use failing with nothing armed to switch to). A switch goes either way by the same steps (stop the
-old path, keep what completed, move the receives, exchange receive counts, replay what the peer lacks), so
-a failback is a switch back onto the default path once both sides have re-armed it and a probe went
-through. Completions of both provider QPs come here from the context's progress; the application's CQs
-get them in posting order, with the application's wr_ids.
+path in use failing with nothing armed to switch to). A failing path is left for the first armed path in
+the policy's order (paths.py): the default one if a failback has re-armed it, else the backup, else the
+backup's backup. A switch goes any way by the same steps (stop the old path, keep what completed, move the
+receives, exchange receive counts, replay what the peer lacks), so a failback is a switch back onto the
+default path once both sides have re-armed it and a probe went through. Completions of every provider QP
+come here from the context's progress; the application's CQs get them in posting order, with the
+application's wr_ids.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from libshift.shift.cq import ShiftCQ
 from libshift.shift.detect import default_path_attr
 from libshift.shift.memory import ShiftPD
 from libshift.shift.notify import Kind, Message
-from libshift.shift.rewind import BACKUP, PRIMARY, REMOTE_KEYED, Entry, Ledger
+from libshift.shift.paths import BACKUP, PRIMARY, depth
+from libshift.shift.rewind import REMOTE_KEYED, Entry, Ledger
 from libshift.verbs import MR, QP, SGE, WC, Endpoint, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
 from libshift.verbs.enums import ibv_access_flags, ibv_qp_state, ibv_send_flags, ibv_wc_status
 from libshift.verbs.errors import VerbsError, VerbsRDMAError
@@ -61,10 +64,6 @@ class State(enum.Enum):
     BROKEN = "broken"
 
 
-def other(path: str) -> str:
-    return BACKUP if path == PRIMARY else PRIMARY
-
-
 class ShiftQP:
     """`ShiftQP(pd, QPInitAttr(scq=cq, rcq=cq, cap=...))`, then `connect(peer_endpoint, attr)` as with QP."""
 
@@ -86,14 +85,16 @@ class ShiftQP:
         self.state = State.IDLE
         self.current = PRIMARY
         self.remote: Endpoint | None = None
-        self.armed = {PRIMARY: False, BACKUP: False}  # connected, control receive at the head (our side)
+        paths = list(self.ctx.devices)
+        self.armed = dict.fromkeys(paths, False)  # connected, control receive at the head (our side)
         self._access = 0
         self._attr = QPAttr()
-        self._peers: dict[str, Endpoint] = {}
+        self._peers: dict[str, Endpoint] = {}  # the paths both sides have, in the policy's order
         self._targets: dict[str, tuple[int, int]] = {}
-        self._peer_count: dict[str, int | None] = {PRIMARY: None, BACKUP: None}
-        self._seen: dict[str, Message | None] = {PRIMARY: None, BACKUP: None}
+        self._peer_count: dict[str, int | None] = dict.fromkeys(paths)
+        self._seen: dict[str, Message | None] = dict.fromkeys(paths)
         self._epoch = 0
+        self._requested = ""  # the path our re-arm request is about, until it is armed ("": none)
         self._switching = False  # stopping the old path: its errors are expected
         self._resumed = True  # False from a switch until the peer's count has come
         self._switch: tuple[str, float, int, str] = ("", 0.0, 0, PRIMARY)  # reason, start, moved, from
@@ -101,24 +102,34 @@ class ShiftQP:
         self._retry_wait = RETRY_FIRST
         with self.ctx.lock:
             self.ctx.qps[(PRIMARY, self.primary.qp_num)] = self
-            if pd.backup is not None and scq.backup is not None:
-                self._make_backup(pd, scq, room)
+            if self.ctx.backups:
+                self._make_backups(pd, scq, room)
 
-    def _make_backup(self, pd: ShiftPD, scq: ShiftCQ, room: QPCap) -> None:
-        assert pd.backup is not None and self.ctx.agent is not None and self.ctx.control_cq is not None
-        backup = QP(pd.backup, QPInitAttr(scq=scq.backup, rcq=self.ctx.control_cq, cap=room))
-        controls = {PRIMARY: MR(pd.primary, notify.CONTROL_BYTES, CONTROL_ACCESS)}
-        controls[BACKUP] = MR(pd.backup, notify.CONTROL_BYTES, CONTROL_ACCESS)
+    def _make_backups(self, pd: ShiftPD, scq: ShiftCQ, room: QPCap) -> None:
+        """A QP and a control MR on each backup path, published as a chain (the backup QP of the default
+        one, the backup's backup of the backup, ...), the deepest link first: a peer that finds a link
+        finds every one after it."""
+        ctx = self.ctx
+        assert ctx.agent is not None
+        backups = {
+            path: QP(pd.on[path], QPInitAttr(scq=scq.on[path], rcq=ctx.control_cqs[path], cap=room))
+            for path in ctx.backups
+        }
+        controls = {path: MR(pd.on[path], notify.CONTROL_BYTES, CONTROL_ACCESS) for path in pd.on}
+        ends = [self.primary.endpoint(), *(qp.endpoint() for qp in backups.values())]
+        ends[1] = notify.advertise(ends[1], controls)
         try:
-            advertised = notify.advertise(backup.endpoint(), controls)
-            self.ctx.agent.publish_qp(self.primary.endpoint(), advertised)
+            for i in reversed(range(1, len(ends))):
+                ctx.agent.publish_qp(ends[i - 1], ends[i])
         except AgentError as exc:
-            log.warning("QP %d: backup not published (%s); no failover for it", self.qp_num, exc)
-            for obj in (backup, *controls.values()):
+            log.warning("QP %d: backups not published (%s); no failover for it", self.qp_num, exc)
+            for obj in (*backups.values(), *controls.values()):
                 obj.close()
             return
-        self.qps[BACKUP], self.controls = backup, controls
-        self.ctx.qps[(BACKUP, backup.qp_num)] = self
+        self.qps.update(backups)
+        self.controls = controls
+        for path, qp in backups.items():
+            ctx.qps[(path, qp.qp_num)] = self
 
     @property
     def primary(self) -> QP:
@@ -151,13 +162,13 @@ class ShiftQP:
     def to_rts(self, attr: QPAttr | None = None) -> None:
         attr = attr or QPAttr()
         self._attr = dataclasses.replace(attr, qp_access_flags=self._access, dest=self.remote)
-        peer = self._peer_backup()  # may wait for the peer's publication: not under the lock
-        self.primary.to_rts(default_path_attr(attr) if peer is not None else attr)
+        peers = self._peer_backups()  # may wait for the peer's publication: not under the lock
+        self.primary.to_rts(default_path_attr(attr) if peers else attr)
         with self.ctx.lock:
-            self._connect_backup(peer)
+            self._connect_backups(peers)
 
     def connect(self, remote: Endpoint, attr: QPAttr | None = None) -> None:
-        """RESET -> INIT -> RTR -> RTS towards `remote`; the backup QP is connected to the peer's backup."""
+        """RESET -> INIT -> RTR -> RTS towards `remote`; each backup QP is connected to the peer's."""
         attr = attr or QPAttr()
         attr.dest = remote
         self.to_init(attr)
@@ -173,7 +184,7 @@ class ShiftQP:
                 self._post_or_drop(entry)  # (the provider checks and refuses the application's own WR)
             if int(wr.send_flags) & INLINE and self.state in (State.DEFAULT, State.FALLBACK):
                 # the application may reuse the buffer once we return: a replay must send today's bytes
-                pds = (self.primary.pd, self.qps[BACKUP].pd)
+                pds = {path: qp.pd for path, qp in self.qps.items()}
                 entry.slot = self.ctx.inline.keep(entry.wr, pds, self.primary.cap.max_inline_data)
 
     def post_recv(self, wr: RecvWR) -> None:
@@ -188,7 +199,8 @@ class ShiftQP:
                 self.ctx.qps.pop((path, qp.qp_num), None)
             if BACKUP in self.qps and self.ctx.agent is not None:
                 try:
-                    self.ctx.agent.withdraw_qp(self.primary.endpoint())
+                    for qp in list(self.qps.values())[:-1]:  # each link of the chain, by its key
+                        self.ctx.agent.withdraw_qp(qp.endpoint())
                 except AgentError as exc:
                     log.warning("QP %d: backup not withdrawn (%s)", self.qp_num, exc)
             for obj in (*self.qps.values(), *self.controls.values()):
@@ -196,27 +208,35 @@ class ShiftQP:
 
     # -- paths ---------------------------------------------------------------------------------------------
 
-    def _peer_backup(self) -> Endpoint | None:
-        """The peer's backup QP, looked up by the default endpoint the application gave us."""
+    def _peer_backups(self) -> dict[str, Endpoint]:
+        """The peer's backup QPs by path, looked up along its chain from the default endpoint the
+        application gave us, as deep as both sides have backups."""
+        found: dict[str, Endpoint] = {}
         if BACKUP not in self.qps or self.remote is None or self.ctx.agent is None:
-            return None
-        try:
-            peer = self.ctx.agent.lookup_qp(self.remote.gid, self.remote.qpn, wait=PEER_WAIT)
-        except AgentError as exc:
-            log.warning("QP %d: peer backup lookup failed (%s)", self.qp_num, exc)
-            return None
-        if peer is None:
-            log.warning("QP %d: the peer published no backup QP; no failover for this QP", self.qp_num)
-        return peer
+            return found
+        end, wait = self.remote, PEER_WAIT
+        for path in self.ctx.backups:
+            try:
+                peer = self.ctx.agent.lookup_qp(end.gid, end.qpn, wait=wait)
+            except AgentError as exc:
+                log.warning("QP %d: peer %s lookup failed (%s)", self.qp_num, path, exc)
+                break
+            if peer is None:
+                if path == BACKUP:
+                    log.warning("QP %d: the peer published no backup QP; no failover for it", self.qp_num)
+                break
+            found[path], end, wait = peer, peer, 0.0  # the deeper links were published first
+        return found
 
-    def _connect_backup(self, peer: Endpoint | None) -> None:
-        """Connect the backup QP now, so that a failure finds it ready; without one, be a plain QP."""
-        if peer is None or self.remote is None:
+    def _connect_backups(self, peers: dict[str, Endpoint]) -> None:
+        """Connect the backup QPs now, so that a failure finds them ready; without any, be a plain QP."""
+        if not peers or self.remote is None:
             self.state = State.PLAIN
             return
-        self._targets = notify.targets_of(peer)
-        self._peers = {PRIMARY: self.remote, BACKUP: peer}
-        self._arm(BACKUP)
+        self._targets = notify.targets_of(peers[BACKUP])
+        self._peers = {PRIMARY: self.remote, **peers}
+        for path in peers:
+            self._arm(path)
         self.state = State.DEFAULT
 
     def _arm(self, path: str) -> None:
@@ -225,7 +245,7 @@ class ShiftQP:
         if qp.qp_state != ibv_qp_state.IBV_QPS_RESET:
             qp.modify(QPAttr(qp_state=ibv_qp_state.IBV_QPS_RESET))
         attr = dataclasses.replace(self._attr, dest=self._peers[path])
-        if path == BACKUP:  # the backup waits for receives, and its PSNs are its own
+        if path != PRIMARY:  # a backup waits for receives, and its PSNs are its own
             attr = dataclasses.replace(attr, rnr_retry=7, rq_psn=None, sq_psn=None)
         else:
             attr = default_path_attr(attr)
@@ -241,7 +261,18 @@ class ShiftQP:
         first here and again on a crossing request from the peer would drop a connection already made)."""
         self.armed[path] = False
         self._epoch += 1
+        self._requested = path
         self._message(Message(Kind.REARM, path, self._epoch))
+
+    def _rearm_next(self) -> None:
+        """Ask for the re-arm of the first backup path that is down here while its device is UP again: one
+        request at a time, as a message overwrites the one before it (each ARMED asks for the next)."""
+        if self._requested or not self._resumed or self.state == State.BROKEN:
+            return
+        for path in self._peers:
+            if path not in (PRIMARY, self.current) and not self.armed[path] and self.ctx.device_up(path):
+                self._request_rearm(path)
+                return
 
     def _message(self, message: Message) -> None:
         path = self.current
@@ -258,34 +289,64 @@ class ShiftQP:
                     continue
                 self._seen[path] = message
                 if message.kind == Kind.REARM and message.path != self.current:
-                    if message.path == PRIMARY and not self.ctx.default_nic_up():
-                        continue  # our default NIC is still down: its NIC UP will ask for the re-arm
+                    if message.path not in self._peers or not self.ctx.device_up(message.path):
+                        continue  # our device of that path is still down: its NIC UP will ask for the re-arm
                     self._arm(message.path)
+                    if message.path == self._requested:
+                        self._requested = ""  # a crossing request: armed as the peer asked
                     self._message(Message(Kind.ARMED, message.path, message.epoch))
                 elif message == Message(Kind.ARMED, PRIMARY, self._epoch) and self.state == State.FALLBACK:
+                    self._requested = ""
                     self._arm(PRIMARY)
                     notify.probe(self.primary, self._targets[PRIMARY])
+                elif message.path != PRIMARY and message == Message(Kind.ARMED, self._requested, self._epoch):
+                    self._requested = ""
+                    self._arm(message.path)
+                    self._rearm_next()
 
     def nic_down(self) -> None:
-        """shiftd says the default device is down: leave it, or stop a failback that was under way."""
+        """shiftd says the default device is down: leave it (with nowhere to go, give up at once, see
+        backup_down), or stop a failback that was under way."""
         with self.ctx.lock:
             self.armed[PRIMARY] = False
-            if self.state == State.DEFAULT:
-                self._switch_to(BACKUP, "nic_event")
+            if self.state != State.DEFAULT:
+                return
+            to = self._escape()
+            if to is not None:
+                self._switch_to(to, "nic_event")
+            else:  # every backup's device is down too
+                self._give_up(PRIMARY)
 
-    def backup_down(self) -> None:
-        """shiftd says the backup device is down. On it, leave for the default path if that is re-armed (a
-        failback under way), else give up at once: the application gets its errors now, not after the ack
+    def backup_down(self, path: str) -> None:
+        """shiftd says the device of backup `path` is down. Off it, the path is no longer a place to go. On
+        it, leave for the default path if that is re-armed (a failback under way), else for the next armed
+        backup; with nowhere left, give up at once: the application gets its errors now, not after the ack
         deadline, and a side that only receives (which no deadline would ever wake) learns of it too."""
         with self.ctx.lock:
-            if self.state != State.FALLBACK:
-                return  # on the default path, a dead backup shows when a switch's notification fails
-            if self._can_leave():
-                self._switch_to(PRIMARY, "nic_event")
+            if self.state not in (State.DEFAULT, State.FALLBACK) or path not in self._peers:
                 return
-            log.warning("QP %d: the backup device failed with nothing left to switch to", self.qp_num)
-            self._break()
-            self.qps[BACKUP].to_err()  # what is posted there flushes to the application
+            if path != self.current:
+                self.armed[path] = False  # the peer learns it only if it tries the path: its count fails
+                return
+            to = self._escape()
+            if to is not None:
+                self._switch_to(to, "nic_event")
+            else:
+                self._give_up(path)
+
+    def _give_up(self, path: str) -> None:
+        """The device of the path in use failed with no armed path left: the error goes to the application
+        now. Every provider QP goes to ERR: what is posted flushes to the application, and a switch the
+        peer tries onto a path it still counts as armed fails, so that it gets its error too."""
+        log.warning("QP %d: the %s path's device failed with nothing left to switch to", self.qp_num, path)
+        self._break()
+        for qp in self.qps.values():
+            qp.to_err()
+
+    def backup_up(self, path: str) -> None:
+        """The device of backup `path` is back: re-arm the backup paths that are down (one at a time)."""
+        with self.ctx.lock:
+            self._rearm_next()
 
     def nic_up(self) -> None:
         """The default device is back: re-arm the default path on both sides, probe it, then switch back."""
@@ -309,7 +370,7 @@ class ShiftQP:
                 return
             self._retry_at = now + self._retry_wait
             self._retry_wait = min(2 * self._retry_wait, RETRY_MAX)
-            if self._resumed and not self.armed[PRIMARY] and self.ctx.default_nic_up():
+            if self._resumed and not self.armed[PRIMARY] and self.ctx.device_up(PRIMARY):
                 self._request_rearm(PRIMARY)
 
     def _retry_later(self) -> None:
@@ -336,18 +397,19 @@ class ShiftQP:
 
     def _on_current_path(self, entry: Entry) -> SendWR | RecvWR:
         """The provider's WR for `entry` on the current path (our wr_id, the path's keys, always signaled)."""
-        on_backup = self.current == BACKUP
+        on_backup = self.current != PRIMARY
         wr = entry.wr
         sg = wr.sg
         if on_backup:
-            sg = [SGE(s.addr, s.length, self.ctx.lkeys.get(s.lkey, s.lkey)) for s in wr.sg]
+            lkeys = self.ctx.lkeys[self.current]
+            sg = [SGE(s.addr, s.length, lkeys.get(s.lkey, s.lkey)) for s in wr.sg]
         entry.path = self.current
         if isinstance(wr, RecvWR):
             return RecvWR(wr_id=entry.wr_id, sg=sg)
         rkey = wr.rkey
         if wr.opcode in REMOTE_KEYED and self.ctx.keys is not None and self.remote is not None:
             if on_backup:
-                rkey = self.ctx.keys.backup(self.remote.gid, wr.rkey) or wr.rkey
+                rkey = self.ctx.keys.backup(self.remote.gid, wr.rkey, depth(self.current)) or wr.rkey
             else:
                 self.ctx.keys.prefetch(self.remote.gid, wr.rkey)
         flags = int(wr.send_flags) | SIGNALED  # every WR's fate must be known here
@@ -372,9 +434,9 @@ class ShiftQP:
         if ok:
             if not entry.is_send:
                 self.ledger.received += 1
-        elif wc.status in TRANSPORT_ERRORS and self._can_leave():
+        elif wc.status in TRANSPORT_ERRORS and (to := self._escape()) is not None:
             entry.failed_with = wc.status
-            self._switch_to(other(path), "error_completion")
+            self._switch_to(to, "error_completion")
             return
         else:  # the application's own error, or nothing left to switch to: it goes to the application
             self._break()
@@ -399,8 +461,9 @@ class ShiftQP:
                 self._retry_later()  # the NIC UP that started this failback will not come again
             return
         log.warning("QP %d: control traffic on the %s path failed (%s)", self.qp_num, path, wc.status.name)
-        if self._can_leave():
-            self._switch_to(other(path), "error_completion")
+        to = self._escape()
+        if to is not None:
+            self._switch_to(to, "error_completion")
         else:
             self._break()
 
@@ -437,33 +500,36 @@ class ShiftQP:
 
     # -- the switch ----------------------------------------------------------------------------------------
 
-    def _can_leave(self) -> bool:
-        """A path can be left for the other one whenever that one is armed, also in the middle of a switch
-        (before the peer's count came): each side's count is its total received, final once the path it
-        left is stopped, so a second switch settles by the count sent on the path it ends on."""
-        return self.state in (State.DEFAULT, State.FALLBACK) and self.armed[other(self.current)]
+    def _escape(self) -> str | None:
+        """Where the current path is left for when it fails: the first armed path in the policy's order
+        (the default one when a failback has re-armed it), also in the middle of a switch (before the
+        peer's count came): each side's count is its total received, final once the path it left is
+        stopped, so a second switch settles by the count sent on the path it ends on."""
+        if self.state not in (State.DEFAULT, State.FALLBACK):
+            return None
+        return next((path for path in self._peers if path != self.current and self.armed[path]), None)
 
     def _switch_to(self, to: str, reason: str) -> None:
         """Leave the current path: stop it, keep what completed, move the receives, send our count."""
-        if to == self.current or not self._can_leave():
+        if to == self.current or self.state not in (State.DEFAULT, State.FALLBACK) or not self.armed[to]:
             return
         started, left = time.monotonic(), self.current
         self._switching = True
         self.qps[left].to_err()  # nothing more lands on the old path: our receive count is final
-        cqs = {self.send_cq, self.recv_cq}
-        for cq in (c.primary if left == PRIMARY else c.backup for c in cqs):
-            self.ctx.drain(cq, left)
-        if left == BACKUP and self.ctx.control_cq is not None:
-            self.ctx.drain(self.ctx.control_cq, BACKUP)
+        for cq in {self.send_cq, self.recv_cq}:
+            self.ctx.drain(cq.on[left], left)
+        if left != PRIMARY:
+            self.ctx.drain(self.ctx.control_cqs[left], left)
         self._switching = False
         self.current, self.armed[left] = to, False
         self._peer_count[left] = None  # a count on the path left belongs to a handshake that is over
-        self.state = State.FALLBACK if to == BACKUP else State.DEFAULT
-        if to == PRIMARY:
-            # a failback re-arms the backup now, before the handshake: both sides do it once here, so that
-            # a failure of the default path in the middle of the handshake (the peer's count never comes;
-            # the peer moves to the backup) finds somewhere to go
-            self._arm(BACKUP)
+        self._requested = ""  # a re-arm request in flight may be lost with the path: ask again on resume
+        self.state = State.DEFAULT if to == PRIMARY else State.FALLBACK
+        if to == PRIMARY and self.ctx.device_up(left):
+            # a failback re-arms the backup it leaves now, before the handshake: both sides do it once here,
+            # so that a failure of the default path in the middle of the handshake (the peer's count never
+            # comes; the peer moves to the backup) finds somewhere to go
+            self._arm(left)
         self._resumed = False
         moved = self.ledger.rq.pending()
         if moved:  # together: one hold of the provider's lock, not one per receive
@@ -486,20 +552,20 @@ class ShiftQP:
         self._resumed = True
         self._deliver()
         reason, started, moved, left = self._switch
-        names = {PRIMARY: self.ctx.name, BACKUP: self.ctx.backup.name if self.ctx.backup else ""}
         failback = self.current == PRIMARY
         if failback:
             self._retry_at, self._retry_wait = None, RETRY_FIRST
-        elif reason == "nic_event" and self.ctx.default_nic_up():
-            self._request_rearm(PRIMARY)  # the NIC came back while we were switching away from it
+        elif reason == "nic_event" and self.ctx.device_up(PRIMARY):
+            self._request_rearm(PRIMARY)  # the NIC came back while we were switching (away from it)
         elif reason == "error_completion":  # shiftd will not say when a silent failure ends: ask the path
             self._retry_later()
+        self._rearm_next()  # backups left behind whose devices are UP again
         self.ctx.report(
             common_pb2.FailoverReport(
                 kind=common_pb2.FAILOVER_KIND_FAILBACK if failback else common_pb2.FAILOVER_KIND_FAILOVER,
-                device=names[left],
-                backup_device=names[self.current],
-                default_device=names[PRIMARY],
+                device=self.ctx.devices[left].name,
+                backup_device=self.ctx.devices[self.current].name,
+                default_device=self.ctx.name,
                 reason=reason,
                 downtime_seconds=time.monotonic() - started,
                 reposted_work_requests=moved + len(replay),

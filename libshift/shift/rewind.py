@@ -36,8 +36,6 @@ WC_OPCODE = {
 COUNT_MASK = 0xFFFFFFFF  # the count travels as a 32-bit immediate
 SIGNALED = int(ibv_send_flags.IBV_SEND_SIGNALED)  # a plain int: IntFlag arithmetic costs 1.5 us per post
 
-PRIMARY, BACKUP = "primary", "backup"
-
 
 @dataclass(eq=False)
 class Entry:

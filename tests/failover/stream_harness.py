@@ -26,6 +26,7 @@ from shiftd.labproc import LabProcess
 PEER = str(Path(__file__).with_name("peer.py"))
 HOSTS = ("h0", "h1")
 BOTH = "both"
+PATH_LOST = ("IBV_WC_RETRY_EXC_ERR", "IBV_WC_WR_FLUSH_ERR")  # what a path with nowhere to go gives
 
 
 class Peer(LabProcess):
@@ -242,6 +243,16 @@ def assert_intact(sent: dict, received: dict) -> None:
     assert sent["errors"] == [] and received["errors"] == [], (sent, received)
     assert sent["failed"] == [] and received["failed"] == [], (sent, received)
     assert sent["completed"] == received["received"], (sent, received)
+
+
+def assert_clean_error(sent: dict, received: dict) -> None:
+    """The sender got an error completion and every WR it posted completed (nothing hangs); no message
+    was lost before an acked one, none came twice or out of order."""
+    assert sent["errors"] == [] and received["errors"] == []
+    assert sent["failed"], sent
+    assert sent["failed"][0].endswith(PATH_LOST), sent["failed"]
+    assert sent["finished"], sent
+    assert sent["completed"] <= received["received"] <= sent["posted"], (sent, received)
 
 
 def assert_switched(sent: dict, received: dict, mode: str, cycle: Sequence[str], qps: int = 1) -> None:

@@ -20,6 +20,7 @@ from stream_harness import (
     BOTH,
     HOSTS,
     Stream,
+    assert_clean_error,
     assert_intact,
     assert_reports,
     assert_switched,
@@ -38,7 +39,6 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
 
 PATIENT = ("--timeout", "18", "--retry-cnt", "7")  # ack deadline: 4.096 us x 2**18 x 8 tries = 8.6 s
 VERY_PATIENT = ("--timeout", "19", "--retry-cnt", "7")  # 17.2 s, for a hold that waits out a hold-down
-LOST = ("IBV_WC_RETRY_EXC_ERR", "IBV_WC_WR_FLUSH_ERR")
 FAILOVER = ("FAILOVER_KIND_FAILOVER", "mlx5_0", "mlx5_1")
 FAILBACK = ("FAILOVER_KIND_FAILBACK", "mlx5_1", "mlx5_0")
 FAILOVER_ON_NIC_EVENT = (*FAILOVER, "nic_event")
@@ -66,16 +66,6 @@ def handshake_held(lab: Lab, stream: Stream, patience: tuple[str, ...]) -> Itera
 
 def patient_stream(lab: Lab, patience: tuple[str, ...]) -> Stream:
     return Stream(lab, "send", sender_args=patience, receiver_args=patience)
-
-
-def assert_clean_error(sent: dict, received: dict) -> None:
-    """The sender got an error completion and every WR it posted completed (nothing hangs); no message
-    was lost before an acked one, none came twice or out of order."""
-    assert sent["errors"] == [] and received["errors"] == []
-    assert sent["failed"], sent
-    assert sent["failed"][0].endswith(LOST), sent["failed"]
-    assert sent["finished"], sent
-    assert sent["completed"] <= received["received"] <= sent["posted"], (sent, received)
 
 
 def finish_at_home(stream: Stream) -> tuple[dict, dict]:

@@ -1,0 +1,205 @@
+"""A third NIC: with three NICs per host, a failure of the backup while the traffic is on it moves the
+stream on to the third NIC instead of surfacing an error (as it must with two, test_second_faults.py).
+
+A QP on mlx5_0 goes mlx5_0 (default) -> mlx5_1 (backup) -> mlx5_2 (third), and fails back straight home to
+mlx5_0 from whichever backup it is on. The lab is 2 hosts x 3 NICs, one for the module. peer.py says
+"fallback" for both backups, so what moved where is read off shiftd's switch reports; a move that stalls
+would pass assert_intact (the counts still agree), so each test also checks the sender kept its pace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from labs import running_lab
+from stream_harness import (
+    Stream,
+    assert_clean_error,
+    assert_intact,
+    assert_switched,
+    nic_fault,
+    recover_everything,
+    recover_nic,
+    switches,
+    wait_nic_state,
+)
+
+from shiftd.lab import Lab
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
+
+RATE = 1000.0  # peer.py's default --rate, messages a second
+Switch = tuple[str, str, str, str]
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    with running_lab("f3", hosts=2, nics=3) as lab:
+        yield lab
+
+
+def failover(left: int, used: int, reason: str) -> Switch:
+    return ("FAILOVER_KIND_FAILOVER", f"mlx5_{left}", f"mlx5_{used}", reason)
+
+
+def failback(left: int, reason: str) -> Switch:
+    return ("FAILOVER_KIND_FAILBACK", f"mlx5_{left}", "mlx5_0", reason)
+
+
+MOVED_ON = {  # h0's mlx5_0 failed, then its mlx5_1: h0 noticed each, h1 followed
+    "h0": [failover(0, 1, "nic_event"), failover(1, 2, "nic_event")],
+    "h1": [failover(0, 1, "peer_notification"), failover(1, 2, "peer_notification")],
+}
+
+
+def assert_switches(lab: Lab, since: float, expected: dict[str, list[Switch]]) -> None:
+    """Each host's shiftd was told of exactly `expected[host]` since `since`. As in assert_reports, an
+    error completion is as good as the NIC event on the side that met the fault."""
+
+    def same(got: Switch, want: Switch) -> bool:
+        return got == want or (got[:3] == want[:3] and (got[3], want[3]) == ("error_completion", "nic_event"))
+
+    for host, want in expected.items():
+        got = switches(lab, host, since, wait_for=len(want))
+        assert len(got) == len(want) and all(map(same, got, want)), f"{host}: {got}, expected {want}"
+
+
+def assert_kept_pace(completed: int, at: int, seconds: float) -> None:
+    """From `at` completed messages, `seconds` of streaming completed at least half of what the sender
+    was due to post in that time: it did not stall on any of the paths."""
+    assert completed - at >= RATE * seconds / 2, f"{completed - at} messages completed in {seconds:.1f} s"
+
+
+def test_a_failure_of_the_backup_moves_the_stream_on_to_the_third_nic(lab: Lab) -> None:
+    """h0's mlx5_0 fails, then its mlx5_1 with the traffic on it: the stream moves on to mlx5_2 and keeps
+    flowing. Once mlx5_0 (and mlx5_1) are back it goes straight home to mlx5_0, led by h0."""
+    try:
+        with Stream(lab, "send") as stream:
+            since = time.time()
+            nic_fault("h0").inject(lab)
+            assert stream.sender.read("state")["state"] == "fallback"
+            start = time.monotonic()
+            time.sleep(0.5)  # traffic on mlx5_1
+            nic_fault("h0", device="mlx5_1").inject(lab)
+            assert_switches(lab, since, MOVED_ON)
+            time.sleep(1.0)  # traffic on mlx5_2
+            recover_nic(lab, ["h0"], ["mlx5_0", "mlx5_1"])
+            assert stream.sender.read("state", timeout=15)["state"] == "default"
+            on_backups = time.monotonic() - start  # 0.5 s on mlx5_1, the rest on mlx5_2
+            time.sleep(0.3)  # traffic on the default path again
+            sent, received = stream.finish()
+    finally:
+        recover_everything(lab)
+    assert_intact(sent, received)
+    assert_switched(sent, received, "send", ["fallback", "default"])
+    (_, left_at), (_, home_at) = sent["states"]
+    assert_kept_pace(home_at, left_at, on_backups)
+    home = {"h0": failback(2, "nic_recovered"), "h1": failback(2, "peer_notification")}  # h0 led it
+    assert_switches(lab, since, {host: [*MOVED_ON[host], home[host]] for host in home})
+
+
+@pytest.mark.parametrize("mode", ["write_imm", "write_read"])
+def test_one_sided_traffic_reaches_the_third_nic_with_its_keys(lab: Lab, mode: str) -> None:
+    """WRITE_WITH_IMM and WRITE+READ streams across both moves: on mlx5_2 every WR carries the peer's
+    rkey of its MR's twin there, found along the published chain (default rkey -> backup rkey ->
+    backup2 rkey); a wrong key would fail remotely (REM_ACCESS_ERR) or READ back the wrong bytes."""
+    try:
+        with Stream(lab, mode) as stream:
+            since = time.time()
+            nic_fault("h0").inject(lab)
+            assert stream.sender.read("state")["state"] == "fallback"
+            time.sleep(0.3)  # traffic on mlx5_1
+            nic_fault("h0", device="mlx5_1").inject(lab)
+            assert_switches(lab, since, MOVED_ON if mode == "write_imm" else {"h0": MOVED_ON["h0"]})
+            time.sleep(0.5)  # traffic on mlx5_2
+            sent, received = stream.finish()
+    finally:
+        recover_everything(lab)
+    assert sent["errors"] == [] and sent["failed"] == [], sent
+    if mode == "write_imm":
+        assert_intact(sent, received)
+    else:
+        assert sent["verified"] == sent["completed"]  # every READ brought back what the WRITE put there
+
+
+def test_a_failure_of_the_peers_backup_moves_both_on_to_the_third_nic(lab: Lab) -> None:
+    """h0's mlx5_0 fails, then h1's mlx5_1 with the traffic on it: h1 moves on to mlx5_2 on its own NIC
+    event and h0 follows h1's notification; the stream keeps flowing there."""
+    try:
+        with Stream(lab, "send") as stream:
+            since = time.time()
+            nic_fault("h0").inject(lab)
+            assert stream.sender.read("state")["state"] == "fallback"
+            start = time.monotonic()
+            time.sleep(0.5)  # traffic on mlx5_1
+            nic_fault("h1", device="mlx5_1").inject(lab)
+            assert_switches(
+                lab,
+                since,
+                {
+                    "h0": [failover(0, 1, "nic_event"), failover(1, 2, "peer_notification")],
+                    "h1": [failover(0, 1, "peer_notification"), failover(1, 2, "nic_event")],
+                },
+            )
+            time.sleep(1.0)  # traffic on mlx5_2
+            streamed = time.monotonic() - start
+            sent, received = stream.finish()
+    finally:
+        recover_everything(lab)
+    assert_intact(sent, received)
+    assert_switched(sent, received, "send", ["fallback"])
+    assert sent["finished"], sent
+    assert_kept_pace(sent["completed"], sent["states"][0][1], streamed)
+
+
+def test_a_backup_that_failed_before_it_was_needed_is_skipped(lab: Lab) -> None:
+    """h0's mlx5_1 fails while the stream is on the default path (nothing moves), then its mlx5_0: the
+    stream goes straight to mlx5_2."""
+    try:
+        with Stream(lab, "send") as stream:
+            since = time.time()
+            nic_fault("h0", device="mlx5_1").inject(lab)
+            wait_nic_state(lab, "h0", "mlx5_1", "NIC_STATE_DOWN")
+            time.sleep(0.3)  # traffic on the default path, the backup down
+            nic_fault("h0").inject(lab)
+            assert stream.sender.read("state")["state"] == "fallback"
+            start = time.monotonic()
+            assert_switches(
+                lab,
+                since,
+                {"h0": [failover(0, 2, "nic_event")], "h1": [failover(0, 2, "peer_notification")]},
+            )
+            time.sleep(1.0)  # traffic on mlx5_2
+            streamed = time.monotonic() - start
+            sent, received = stream.finish()
+    finally:
+        recover_everything(lab)
+    assert_intact(sent, received)
+    assert_switched(sent, received, "send", ["fallback"])
+    assert sent["finished"], sent
+    assert_kept_pace(sent["completed"], sent["states"][0][1], streamed)
+
+
+def test_a_failure_of_the_third_nic_surfaces_cleanly(lab: Lab) -> None:
+    """h0's mlx5_0, mlx5_1 and mlx5_2 fail one after the other on the stream: after two moves there is
+    nowhere to go. The error reaches the application, nothing is delivered twice, nothing hangs, and
+    shiftd is told of no third switch."""
+    try:
+        with Stream(lab, "send") as stream:
+            since = time.time()
+            nic_fault("h0").inject(lab)
+            assert stream.sender.read("state")["state"] == "fallback"
+            time.sleep(0.3)  # traffic on mlx5_1
+            nic_fault("h0", device="mlx5_1").inject(lab)
+            assert_switches(lab, since, MOVED_ON)
+            time.sleep(0.3)  # traffic on mlx5_2
+            nic_fault("h0", device="mlx5_2").inject(lab)
+            sent, received = stream.finish(stop=False)  # the sender stops at its error
+    finally:
+        recover_everything(lab)
+    assert_clean_error(sent, received)
+    # finals, not states: the sender stops polling at its last completion, before it may see "broken"
+    assert sent["states"][0][0] == "fallback" and sent["finals"] == ["broken"], sent
+    assert_switches(lab, since, MOVED_ON)  # nothing after the two moves
