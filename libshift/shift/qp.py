@@ -559,7 +559,7 @@ class ShiftQP:
             self._request_rearm(PRIMARY)  # the NIC came back while we were switching (away from it)
         elif reason == "error_completion":  # shiftd will not say when a silent failure ends: ask the path
             self._retry_later()
-        self._rearm_next()  # backups left behind whose devices are UP again
+        self._rearm_next()  # backups left behind whose NIC UP came while another request was out
         self.ctx.report(
             common_pb2.FailoverReport(
                 kind=common_pb2.FAILOVER_KIND_FAILBACK if failback else common_pb2.FAILOVER_KIND_FAILOVER,

@@ -182,6 +182,62 @@ def test_a_backup_that_failed_before_it_was_needed_is_skipped(lab: Lab) -> None:
     assert_kept_pace(sent["completed"], sent["states"][0][1], streamed)
 
 
+def test_a_backup_whose_nic_came_back_is_armed_again(lab: Lab) -> None:
+    """h0's mlx5_1 fails while the stream is on the default path and comes back (shiftd says UP): h0 asks
+    h1 to re-arm that path and arms its own side on the answer, so when mlx5_0 fails next the stream
+    goes to mlx5_1 again, not on to mlx5_2."""
+    try:
+        with Stream(lab, "send") as stream:
+            nic_fault("h0", device="mlx5_1").inject(lab)
+            wait_nic_state(lab, "h0", "mlx5_1", "NIC_STATE_DOWN")
+            recover_nic(lab, ["h0"], ["mlx5_1"])
+            wait_nic_state(lab, "h0", "mlx5_1", "NIC_STATE_UP")
+            time.sleep(0.3)  # the re-arm handshake, on the default path
+            since = time.time()
+            nic_fault("h0").inject(lab)
+            assert stream.sender.read("state")["state"] == "fallback"
+            assert_switches(
+                lab,
+                since,
+                {"h0": [failover(0, 1, "nic_event")], "h1": [failover(0, 1, "peer_notification")]},
+            )
+            time.sleep(0.5)  # traffic on mlx5_1
+            sent, received = stream.finish()
+    finally:
+        recover_everything(lab)
+    assert_intact(sent, received)
+    assert_switched(sent, received, "send", ["fallback"])
+
+
+def test_home_from_the_third_nic_with_both_backups_armed_again(lab: Lab) -> None:
+    """After the move on to mlx5_2 and the way home (mlx5_0 and mlx5_1 back), both backups are armed
+    again: mlx5_2 as it is left (each side arms it as it switches back), mlx5_1 by a re-arm request once
+    home. So mlx5_0's next failure moves the stream to mlx5_1, and mlx5_1's next one on to mlx5_2."""
+    try:
+        with Stream(lab, "send") as stream:
+            since = time.time()
+            nic_fault("h0").inject(lab)
+            assert stream.sender.read("state")["state"] == "fallback"
+            nic_fault("h0", device="mlx5_1").inject(lab)
+            assert_switches(lab, since, MOVED_ON)
+            recover_nic(lab, ["h0"], ["mlx5_0", "mlx5_1"])
+            assert stream.sender.read("state", timeout=15)["state"] == "default"
+            wait_nic_state(lab, "h0", "mlx5_1", "NIC_STATE_UP")
+            time.sleep(0.3)  # the re-arm handshake for mlx5_1, on the default path
+            again = time.time()
+            nic_fault("h0").inject(lab)
+            assert stream.sender.read("state")["state"] == "fallback"
+            time.sleep(0.3)  # traffic on mlx5_1
+            nic_fault("h0", device="mlx5_1").inject(lab)
+            assert_switches(lab, again, MOVED_ON)
+            time.sleep(0.3)  # traffic on mlx5_2
+            sent, received = stream.finish()
+    finally:
+        recover_everything(lab)
+    assert_intact(sent, received)
+    assert_switched(sent, received, "send", ["fallback", "default", "fallback"])
+
+
 def test_a_failure_of_the_third_nic_surfaces_cleanly(lab: Lab) -> None:
     """h0's mlx5_0, mlx5_1 and mlx5_2 fail one after the other on the stream: after two moves there is
     nowhere to go. The error reaches the application, nothing is delivered twice, nothing hangs, and
