@@ -267,6 +267,7 @@ class ShiftContext:
             for qp in qps:
                 qp.read_messages()  # under the lock, one QP at a time
                 qp.retry_default(now)
+                qp.check_fence(now)
 
     def _armable(self, path: str) -> list[CQ]:
         """The provider CQs of `path` that report to its watcher's channel."""

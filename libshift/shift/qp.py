@@ -41,6 +41,7 @@ INLINE = int(ibv_send_flags.IBV_SEND_INLINE)  # plain ints: IntFlag arithmetic c
 SIGNALED = int(ibv_send_flags.IBV_SEND_SIGNALED)
 PEER_WAIT = 10.0  # how long connect waits for the peer's backup to be published
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # how often to try the default path again when no NIC UP will come
+FENCE_WAIT = 0.1  # the longest a failback waits for the backup's sends to complete before stopping them
 CONTROL_ACCESS = ibv_access_flags.IBV_ACCESS_LOCAL_WRITE | ibv_access_flags.IBV_ACCESS_REMOTE_WRITE
 ST = ibv_wc_status
 TRANSPORT_ERRORS = frozenset(
@@ -98,6 +99,7 @@ class ShiftQP:
         self._switching = False  # stopping the old path: its errors are expected
         self._resumed = True  # False from a switch until the peer's count has come
         self._switch: tuple[str, float, int, str] = ("", 0.0, 0, PRIMARY)  # reason, start, moved, from
+        self._fence_until: float | None = None  # failing back once the backup's sends are done (see _fence)
         self._retry_at: float | None = None  # when to try the default path again (see retry_default)
         self._retry_wait = RETRY_FIRST
         with self.ctx.lock:
@@ -180,7 +182,7 @@ class ShiftQP:
             if len(self.ledger.sq.entries) >= self.cap.max_send_wr:
                 raise VerbsRDMAError(f"QP {self.qp_num}: send queue full", errno.ENOMEM)
             entry = self.ledger.add_send(wr, self.sig_all)
-            if self._resumed:  # else held until the peer says where to resume
+            if self._resumed and self._fence_until is None:  # else held until the switch's count, or fence
                 self._post_or_drop(entry)  # (the provider checks and refuses the application's own WR)
             if int(wr.send_flags) & INLINE and self.state in (State.DEFAULT, State.FALLBACK):
                 # the application may reuse the buffer once we return: a replay must send today's bytes
@@ -309,6 +311,9 @@ class ShiftQP:
         backup_down), or stop a failback that was under way."""
         with self.ctx.lock:
             self.armed[PRIMARY] = False
+            if self._fence_until is not None:  # a failback waiting for its fence: stay, post what it held
+                self._fence_until = None
+                self._release_held()
             if self.state != State.DEFAULT:
                 return
             to = self._escape()
@@ -373,6 +378,16 @@ class ShiftQP:
             if self._resumed and not self.armed[PRIMARY] and self.ctx.device_up(PRIMARY):
                 self._request_rearm(PRIMARY)
 
+    def check_fence(self, now: float) -> None:
+        """A fence that outlasts FENCE_WAIT (the backup stalls) fails back anyway: the receive counts settle
+        what was in flight, as in any switch."""
+        if self._fence_until is None or now < self._fence_until:
+            return  # the common case, on every scan of every QP: no lock for it
+        with self.ctx.lock:
+            if self._fence_until is not None and now >= self._fence_until:
+                self._fence_until = None
+                self._switch_to(PRIMARY, "nic_recovered")
+
     def _retry_later(self) -> None:
         """Have retry_default try the default path once the current wait is over."""
         self._retry_at = time.monotonic() + self._retry_wait
@@ -403,7 +418,7 @@ class ShiftQP:
         if on_backup:
             lkeys = self.ctx.lkeys[self.current]
             sg = [SGE(s.addr, s.length, lkeys.get(s.lkey, s.lkey)) for s in wr.sg]
-        entry.path = self.current
+        entry.path, entry.posted = self.current, True
         if isinstance(wr, RecvWR):
             return RecvWR(wr_id=entry.wr_id, sg=sg)
         rkey = wr.rkey
@@ -443,6 +458,9 @@ class ShiftQP:
         wc.wr_id, wc.qp_num = entry.wr.wr_id, self.qp_num  # polled, the provider's WC is ours alone
         entry.wc = wc
         self._deliver()
+        if self._fence_until is not None and not self._in_flight():
+            self._fence_until = None
+            self._switch_to(PRIMARY, "nic_recovered")
 
     def _on_control(self, wc: WC, path: str) -> None:
         if wc.status == ST.IBV_WC_SUCCESS:
@@ -453,7 +471,7 @@ class ShiftQP:
                 else:
                     self._resume()
             elif wc.wr_id == notify.PROBE_SEND and self.state == State.FALLBACK:
-                self._switch_to(PRIMARY, "nic_recovered")
+                self._fence()
             return
         if self._switching or path != self.current:
             self.armed[path] = False  # a path we left or are leaving; or a re-armed one that failed its probe
@@ -487,7 +505,7 @@ class ShiftQP:
         if self.state == State.BROKEN:
             return
         self.state = State.BROKEN
-        self._resumed = True
+        self._resumed, self._fence_until = True, None
         for entry in self.ledger.sq.pending() + self.ledger.rq.pending():
             if entry.path is None:
                 entry.wc = WC(
@@ -499,6 +517,27 @@ class ShiftQP:
         self._deliver()
 
     # -- the switch ----------------------------------------------------------------------------------------
+
+    def _fence(self) -> None:
+        """The probe went through: fail back once the sends posted on the backup have completed, holding the
+        application's new ones meanwhile (DESIGN's WAIT_SIGNALED: every provider WR is signaled, so the
+        last one posted is the fence), so that a failback stops nothing in flight and sends nothing twice;
+        at once when nothing is out. check_fence bounds the wait."""
+        if self._in_flight():
+            self._fence_until = time.monotonic() + FENCE_WAIT
+        else:
+            self._switch_to(PRIMARY, "nic_recovered")
+
+    def _in_flight(self) -> bool:
+        """Whether a send posted on the current path has not completed yet."""
+        current = self.current
+        return any(e.path == current and e.wc is None for e in self.ledger.sq.entries)
+
+    def _release_held(self) -> None:
+        """Post, in order, the sends held by a fence that will not fail back after all."""
+        held = [e for e in self.ledger.sq.pending() if e.path is None]
+        if held:
+            self.qps[self.current].post_send_list([self._on_current_path(e) for e in held])
 
     def _escape(self) -> str | None:
         """Where the current path is left for when it fails: the first armed path in the policy's order
@@ -514,6 +553,7 @@ class ShiftQP:
         if to == self.current or self.state not in (State.DEFAULT, State.FALLBACK) or not self.armed[to]:
             return
         started, left = time.monotonic(), self.current
+        self._fence_until = None  # the fence's held sends go with the rest, after the peer's count
         self._switching = True
         self.qps[left].to_err()  # nothing more lands on the old path: our receive count is final
         for cq in {self.send_cq, self.recv_cq}:
@@ -547,6 +587,7 @@ class ShiftQP:
         count, self._peer_count[self.current] = self._peer_count[self.current], None
         assert count is not None
         replay = self.ledger.settle(self.ledger.unwrap(count), self.qp_num)
+        rewound = sum(entry.posted for entry in replay)  # posted before, on a path since stopped
         if replay:  # together: one lock and one socket write in the tcp provider, not one per WR
             self.qps[self.current].post_send_list([self._on_current_path(entry) for entry in replay])
         self._resumed = True
@@ -568,7 +609,7 @@ class ShiftQP:
                 default_device=self.ctx.name,
                 reason=reason,
                 downtime_seconds=time.monotonic() - started,
-                reposted_work_requests=moved + len(replay),
+                reposted_work_requests=moved + rewound,
                 qps=1,
                 time_unix_nanos=time.time_ns(),
             )

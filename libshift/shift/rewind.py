@@ -46,6 +46,7 @@ class Entry:
     signaled: bool = True
     index: int | None = None  # position among two-sided sends
     path: str | None = None
+    posted: bool = False  # ever posted on a path (else held since the application posted it)
     wc: WC | None = None  # the completion to hand over, once the WR is done
     failed_with: ibv_wc_status | None = None  # the error it got on a path that is gone
     slot: Slot | None = None  # an inline send's copy of its bytes, which `wr` gathers from

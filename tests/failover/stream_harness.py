@@ -50,23 +50,27 @@ def admin(lab: Lab, host: str) -> Iterator[admin_pb2_grpc.AdminStub]:
         client.close()
 
 
-def switches(lab: Lab, host: str, since: float, wait_for: int = 0) -> list[tuple[str, str, str, str]]:
-    """The switches shiftd of `host` was told of after `since` (time.time()), in time order:
-    (kind, device left, device used, reason); waits up to 10 s for `wait_for` of them (reports go to
-    shiftd off the data path)."""
+def failover_reports(lab: Lab, host: str, since: float, wait_for: int = 0) -> list[common_pb2.FailoverReport]:
+    """The FailoverReports shiftd of `host` was given after `since` (time.time()), in time order; waits
+    up to 10 s for `wait_for` of them (reports go to shiftd off the data path)."""
     deadline = time.monotonic() + 10
     request = admin_pb2.StreamEventsRequest(backlog=200, follow=False)
     while True:
         with admin(lab, host) as stub:
             reports = [e.failover for e in stub.StreamEvents(request, timeout=30) if e.HasField("failover")]
-        found = [
-            (common_pb2.FailoverKind.Name(r.kind), r.device, r.backup_device, r.reason)
-            for r in sorted(reports, key=lambda r: r.time_unix_nanos)
-            if r.time_unix_nanos > since * 1e9
-        ]
+        found = [r for r in reports if r.time_unix_nanos > since * 1e9]
+        found.sort(key=lambda r: r.time_unix_nanos)
         if len(found) >= wait_for or time.monotonic() > deadline:
             return found
         time.sleep(0.2)
+
+
+def switches(lab: Lab, host: str, since: float, wait_for: int = 0) -> list[tuple[str, str, str, str]]:
+    """failover_reports as (kind, device left, device used, reason)."""
+    return [
+        (common_pb2.FailoverKind.Name(r.kind), r.device, r.backup_device, r.reason)
+        for r in failover_reports(lab, host, since, wait_for)
+    ]
 
 
 def wait_nic_state(lab: Lab, host: str, device: str, state: str, timeout: float = 10.0) -> None:

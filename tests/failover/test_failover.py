@@ -19,11 +19,13 @@ from stream_harness import (
     assert_intact,
     assert_reports,
     assert_switched,
+    failover_reports,
     nic_fault,
     run_stream,
     silent_blackhole,
 )
 
+from libshift.api.shift.v1 import common_pb2
 from shiftd.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
@@ -126,6 +128,22 @@ def test_messages_whose_acks_were_lost_are_not_sent_twice(lab: Lab) -> None:
 def test_failback_after_recovery_then_failover_again(lab: Lab, fail_host: str, failbacks: int) -> None:
     """fail, recover (back on mlx5_0), then fail again: the backup was re-armed after each failback."""
     assert_intact(*run_stream(lab, "send", nic_fault(fail_host), failbacks=failbacks))
+
+
+def test_a_failback_waits_for_its_fence_and_sends_nothing_twice(lab: Lab) -> None:
+    """WRITE+READ as fast as the window allows: a failover stops WRs in flight and posts them again on the
+    backup (plain WRITE and READ are replayed), but the failback waits until the sends posted on the
+    backup have completed, holding new ones, and moves with nothing in flight: h0's failback reports no
+    WR posted again, where its failover reports some."""
+    since = time.time()
+    sent, _ = run_stream(lab, "write_read", nic_fault("h0"), failbacks=1, sender_args=("--rate", "100000"))
+    assert sent["errors"] == [] and sent["failed"] == [], sent
+    assert sent["verified"] == sent["completed"]
+    failover, failback, _ = failover_reports(lab, "h0", since, wait_for=3)
+    assert failover.kind == common_pb2.FAILOVER_KIND_FAILOVER
+    assert failback.kind == common_pb2.FAILOVER_KIND_FAILBACK
+    assert failover.reposted_work_requests > 0, failover  # the stream had WRs in flight: it is a fair test
+    assert failback.reposted_work_requests == 0, failback
 
 
 def test_an_atomic_in_flight_is_failed_closed(lab: Lab) -> None:
