@@ -72,16 +72,39 @@ def assert_kept_pace(completed: int, at: int, seconds: float) -> None:
     assert completed - at >= RATE * seconds / 2, f"{completed - at} messages completed in {seconds:.1f} s"
 
 
+def fail_over(lab: Lab, stream: Stream, seconds: float) -> float:
+    """Fail h0's mlx5_0 and let the stream run `seconds` on the backup; when the sender got there."""
+    nic_fault("h0").inject(lab)
+    assert stream.sender.read("state")["state"] == "fallback"
+    moved = time.monotonic()
+    time.sleep(seconds)
+    return moved
+
+
+def finish_after(stream: Stream, start: float, seconds: float) -> tuple[dict, dict, float]:
+    """Let the stream run `seconds` more and finish it: both reports, and how long it ran since `start`."""
+    time.sleep(seconds)
+    streamed = time.monotonic() - start
+    sent, received = stream.finish()
+    return sent, received, streamed
+
+
+def assert_stayed_moved(sent: dict, received: dict, streamed: float) -> None:
+    """A stream moved off the default path once (as the peers saw it), ended there intact, and kept its
+    pace for the `streamed` seconds since."""
+    assert_intact(sent, received)
+    assert_switched(sent, received, "send", ["fallback"])
+    assert sent["finished"], sent
+    assert_kept_pace(sent["completed"], sent["states"][0][1], streamed)
+
+
 def test_a_failure_of_the_backup_moves_the_stream_on_to_the_third_nic(lab: Lab) -> None:
     """h0's mlx5_0 fails, then its mlx5_1 with the traffic on it: the stream moves on to mlx5_2 and keeps
     flowing. Once mlx5_0 (and mlx5_1) are back it goes straight home to mlx5_0, led by h0."""
     try:
         with Stream(lab, "send") as stream:
             since = time.time()
-            nic_fault("h0").inject(lab)
-            assert stream.sender.read("state")["state"] == "fallback"
-            start = time.monotonic()
-            time.sleep(0.5)  # traffic on mlx5_1
+            start = fail_over(lab, stream, 0.5)
             nic_fault("h0", device="mlx5_1").inject(lab)
             assert_switches(lab, since, MOVED_ON)
             time.sleep(1.0)  # traffic on mlx5_2
@@ -108,9 +131,7 @@ def test_one_sided_traffic_reaches_the_third_nic_with_its_keys(lab: Lab, mode: s
     try:
         with Stream(lab, mode) as stream:
             since = time.time()
-            nic_fault("h0").inject(lab)
-            assert stream.sender.read("state")["state"] == "fallback"
-            time.sleep(0.3)  # traffic on mlx5_1
+            fail_over(lab, stream, 0.3)
             nic_fault("h0", device="mlx5_1").inject(lab)
             assert_switches(lab, since, MOVED_ON if mode == "write_imm" else {"h0": MOVED_ON["h0"]})
             time.sleep(0.5)  # traffic on mlx5_2
@@ -130,10 +151,7 @@ def test_a_failure_of_the_peers_backup_moves_both_on_to_the_third_nic(lab: Lab) 
     try:
         with Stream(lab, "send") as stream:
             since = time.time()
-            nic_fault("h0").inject(lab)
-            assert stream.sender.read("state")["state"] == "fallback"
-            start = time.monotonic()
-            time.sleep(0.5)  # traffic on mlx5_1
+            start = fail_over(lab, stream, 0.5)
             nic_fault("h1", device="mlx5_1").inject(lab)
             assert_switches(
                 lab,
@@ -143,15 +161,10 @@ def test_a_failure_of_the_peers_backup_moves_both_on_to_the_third_nic(lab: Lab) 
                     "h1": [failover(0, 1, "peer_notification"), failover(1, 2, "nic_event")],
                 },
             )
-            time.sleep(1.0)  # traffic on mlx5_2
-            streamed = time.monotonic() - start
-            sent, received = stream.finish()
+            sent, received, streamed = finish_after(stream, start, 1.0)  # traffic on mlx5_2
     finally:
         recover_everything(lab)
-    assert_intact(sent, received)
-    assert_switched(sent, received, "send", ["fallback"])
-    assert sent["finished"], sent
-    assert_kept_pace(sent["completed"], sent["states"][0][1], streamed)
+    assert_stayed_moved(sent, received, streamed)
 
 
 def test_a_backup_that_failed_before_it_was_needed_is_skipped(lab: Lab) -> None:
@@ -171,15 +184,10 @@ def test_a_backup_that_failed_before_it_was_needed_is_skipped(lab: Lab) -> None:
                 since,
                 {"h0": [failover(0, 2, "nic_event")], "h1": [failover(0, 2, "peer_notification")]},
             )
-            time.sleep(1.0)  # traffic on mlx5_2
-            streamed = time.monotonic() - start
-            sent, received = stream.finish()
+            sent, received, streamed = finish_after(stream, start, 1.0)  # traffic on mlx5_2
     finally:
         recover_everything(lab)
-    assert_intact(sent, received)
-    assert_switched(sent, received, "send", ["fallback"])
-    assert sent["finished"], sent
-    assert_kept_pace(sent["completed"], sent["states"][0][1], streamed)
+    assert_stayed_moved(sent, received, streamed)
 
 
 def test_a_backup_whose_nic_came_back_is_armed_again(lab: Lab) -> None:
@@ -225,9 +233,7 @@ def test_home_from_the_third_nic_with_both_backups_armed_again(lab: Lab) -> None
             wait_nic_state(lab, "h0", "mlx5_1", "NIC_STATE_UP")
             time.sleep(0.3)  # the re-arm handshake for mlx5_1, on the default path
             again = time.time()
-            nic_fault("h0").inject(lab)
-            assert stream.sender.read("state")["state"] == "fallback"
-            time.sleep(0.3)  # traffic on mlx5_1
+            fail_over(lab, stream, 0.3)
             nic_fault("h0", device="mlx5_1").inject(lab)
             assert_switches(lab, again, MOVED_ON)
             time.sleep(0.3)  # traffic on mlx5_2
@@ -245,9 +251,7 @@ def test_a_failure_of_the_third_nic_surfaces_cleanly(lab: Lab) -> None:
     try:
         with Stream(lab, "send") as stream:
             since = time.time()
-            nic_fault("h0").inject(lab)
-            assert stream.sender.read("state")["state"] == "fallback"
-            time.sleep(0.3)  # traffic on mlx5_1
+            fail_over(lab, stream, 0.3)
             nic_fault("h0", device="mlx5_1").inject(lab)
             assert_switches(lab, since, MOVED_ON)
             time.sleep(0.3)  # traffic on mlx5_2
