@@ -104,12 +104,14 @@ class ShiftContext:
                 ctx.close()
             return "no shiftd to tell it about NIC failures and peers' backups"
         self._own_agent = agent is None
+        control_cqs = {}
         for path, ctx in zip(PATHS[1:], opened, strict=False):
             self.devices[path] = ctx
             self.backups.append(path)
             self.path_of[ctx.name] = path
             self.lkeys[path] = {}
-            self.control_cqs[path] = CQ(ctx, CONTROL_CQE, channel=self.watch(path))
+            control_cqs[path] = CQ(ctx, CONTROL_CQE, channel=self.watch(path))
+        self.control_cqs = control_cqs  # whole: the watchers started above read it
         self.keys = RemoteKeys(self.agent, len(self.backups))
         self.agent.add_listener(self._on_nic)
         self._reporter = threading.Thread(target=self._send_reports, name=f"libshift-{self.name}-reports")

@@ -552,7 +552,7 @@ class ShiftQP:
         """Leave the current path: stop it, keep what completed, move the receives, send our count."""
         if to == self.current or self.state not in (State.DEFAULT, State.FALLBACK) or not self.armed[to]:
             return
-        started, left = time.monotonic(), self.current
+        started, left, resumed = time.monotonic(), self.current, self._resumed
         self._fence_until = None  # the fence's held sends go with the rest, after the peer's count
         self._switching = True
         self.qps[left].to_err()  # nothing more lands on the old path: our receive count is final
@@ -576,11 +576,21 @@ class ShiftQP:
             self.qps[to].post_recv_list([self._on_current_path(entry) for entry in moved])
         for entry in self.ledger.sq.pending():
             entry.path = None
-        self._switch = (reason, started, len(moved), left)
+        previous, self._switch = self._switch, (reason, started, len(moved), left)
+        if not resumed:  # leaving a switch that never resumed: report the two as one move
+            self._merge_switch(previous, to)
         notify.send_count(self.qps[to], self._targets[to], self.ledger.received)
         log.info("QP %d: switching to the %s path (%s)", self.qp_num, to, reason)
         if self._peer_count[to] is not None:
             self._resume()
+
+    def _merge_switch(self, previous: tuple[str, float, int, str], to: str) -> None:
+        """The switch before this one never resumed: report a single move from where that one started
+        (with its detection time, and its reason when it was a failover too) unless it comes back there."""
+        reason, _, moved, left = self._switch
+        prior_reason, prior_started, _, prior_from = previous
+        if prior_from != to:
+            self._switch = (prior_reason if left != PRIMARY else reason, prior_started, moved, prior_from)
 
     def _resume(self) -> None:
         """The peer's count is in: settle the sends it has, post the rest on the new path, in order."""

@@ -230,8 +230,9 @@ class Stream:
         sent = self.sender.read("done")
         self.receiver.send(stop=True, expect=0 if self.mode == "write_read" else sent["completed"])
         received = self.receiver.read("done")
-        assert self.sender.end() == 0, self.sender.stderr()
-        assert self.receiver.end() == 0, self.receiver.stderr()
+        for peer in (self.sender, self.receiver):
+            assert peer.end() == 0, peer.stderr()
+            assert "Traceback" not in peer.stderr(), peer.stderr()  # no thread of libshift's died
         return sent, received
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:

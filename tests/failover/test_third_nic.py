@@ -20,6 +20,7 @@ from stream_harness import (
     assert_intact,
     assert_switched,
     nic_fault,
+    rail_qdisc,
     recover_everything,
     recover_nic,
     switches,
@@ -242,6 +243,33 @@ def test_home_from_the_third_nic_with_both_backups_armed_again(lab: Lab) -> None
         recover_everything(lab)
     assert_intact(sent, received)
     assert_switched(sent, received, "send", ["fallback", "default", "fallback"])
+
+
+def test_a_failure_in_the_middle_of_the_handshake_moves_on_to_the_third_nic(lab: Lab) -> None:
+    """h0's mlx5_0 fails with rail 1's switch dropping everything towards h1, so h0's count on mlx5_1
+    never arrives and the ack deadline of that handshake fires: h0 moves on to mlx5_2 before its move to
+    mlx5_1 resumed, and h1 follows there straight from the default path. Each side reports one move,
+    mlx5_0 -> mlx5_2 (h0 with its first detection's reason). After the drop ends (TCP may retransmit the
+    old count), the stream stays on mlx5_2, intact."""
+    try:
+        with Stream(lab, "send") as stream:
+            since = time.time()
+            rail_qdisc(lab, 1, "h1", "blackhole")
+            try:
+                nic_fault("h0").inject(lab)
+                assert_switches(  # h0's move to mlx5_1 never resumed: one move, reported as such
+                    lab,
+                    since,
+                    {"h0": [failover(0, 2, "nic_event")], "h1": [failover(0, 2, "peer_notification")]},
+                )
+            finally:
+                rail_qdisc(lab, 1, "h1")
+            time.sleep(2.0)  # traffic on mlx5_2, with mlx5_1 open again
+            sent, received = stream.finish()
+    finally:
+        recover_everything(lab)
+    assert_intact(sent, received)
+    assert_switches(lab, since, {"h1": [failover(0, 2, "peer_notification")]})  # and nothing after it
 
 
 def test_a_failure_of_the_third_nic_surfaces_cleanly(lab: Lab) -> None:
