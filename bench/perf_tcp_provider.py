@@ -4,11 +4,14 @@ Builds two network namespaces joined by a veth pair (prefix `lt`), runs `shift-p
 as a client in the other for write_bw, send_bw, read_bw (64 KiB and 1 MiB) and send_lat (8 B), and prints one
 table in which every row carries its ratio to a raw TCP stream / raw TCP ping-pong over the same veth,
 measured in the same run. Targets: WRITE and SEND at 1 MiB >= 0.8 of the raw stream; 8-byte SEND latency
-<= 2x the raw ping-pong half round trip. Needs root. Usage: .venv/bin/python bench/perf_tcp_provider.py
+<= 2x the raw ping-pong half round trip.
+
+    sudo .venv/bin/python bench/perf_tcp_provider.py
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -64,6 +67,11 @@ def verdict(row: Row) -> str:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.parse_args()
+    if os.geteuid() != 0:
+        print("perf_tcp_provider: needs root (network namespaces)", file=sys.stderr)
+        return 1
     with VethPair("lt", "198.18.97") as fabric:
         env = dict(os.environ, SHIFT_TCP_DEVICES=fabric.tcp_devices("lt_cli", "lt_srv"))
         rows = []

@@ -146,9 +146,12 @@ class Side:
 
 class Orders:
     """The test's lines after {"go"}: {"atomic": true} has the sender post one FETCH_AND_ADD into the
-    stream; {"stop": true, "expect": n} ends it (the receiver waits for n messages first)."""
+    stream; {"armed": path} is answered with {"armed": path} once every QP has that path armed (connected,
+    control receive posted: a re-arm is done); {"stop": true, "expect": n} ends it (the receiver waits
+    for n messages first)."""
 
-    def __init__(self) -> None:
+    def __init__(self, side: Side) -> None:
+        self.side = side
         self.atomic = threading.Event()
         self.stop = threading.Event()
         self.expect = 0
@@ -158,8 +161,15 @@ class Orders:
         while not (line := hear()).get("stop"):
             if line.get("atomic"):
                 self.atomic.set()
+            if line.get("armed"):
+                threading.Thread(target=self._tell_armed, args=(line["armed"],), daemon=True).start()
         self.expect = int(line.get("expect", 0))
         self.stop.set()
+
+    def _tell_armed(self, path: str) -> None:
+        while not all(lane.qp.armed.get(path) for lane in self.side.lanes):
+            time.sleep(0.01)
+        say(armed=path)
 
 
 def run_sender(
@@ -310,7 +320,7 @@ def main() -> None:
     side = Side(args.qps, args.timeout, args.retry_cnt, args.block)
     remote = side.exchange()
     hear()  # go
-    orders = Orders()
+    orders = Orders(side)
     if args.role == "sender":
         run_sender(side, args.mode, args.rate, args.progress, remote, orders)
     else:

@@ -222,6 +222,13 @@ class Stream:
         sender.read("progress", timeout=20)
         return self
 
+    def wait_armed(self, path: str, timeout: float = 10.0) -> None:
+        """Until both peers have `path` armed on every QP (a re-arm handshake is over)."""
+        for peer in (self.sender, self.receiver):
+            peer.send(armed=path)
+        for peer in (self.sender, self.receiver):
+            assert peer.read("armed", timeout=timeout) == {"armed": path}
+
     def finish(self, stop: bool = True) -> tuple[dict, dict]:
         """Stop the sender (or, stop=False, wait until it stops at an error completion), let the receiver
         take what the sender saw complete, and both reports."""

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
+from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import strategies as st
 from labs import running_lab
 from stream_harness import (
     Stream,
     assert_clean_error,
     assert_intact,
     assert_switched,
+    failover_reports,
     nic_fault,
     rail_qdisc,
     recover_everything,
@@ -27,6 +31,7 @@ from stream_harness import (
     wait_nic_state,
 )
 
+from libshift.api.shift.v1 import common_pb2
 from shiftd.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
@@ -201,7 +206,7 @@ def test_a_backup_whose_nic_came_back_is_armed_again(lab: Lab) -> None:
             wait_nic_state(lab, "h0", "mlx5_1", "NIC_STATE_DOWN")
             recover_nic(lab, ["h0"], ["mlx5_1"])
             wait_nic_state(lab, "h0", "mlx5_1", "NIC_STATE_UP")
-            time.sleep(0.3)  # the re-arm handshake, on the default path
+            stream.wait_armed("backup")  # the re-arm handshake, on the default path
             since = time.time()
             nic_fault("h0").inject(lab)
             assert stream.sender.read("state")["state"] == "fallback"
@@ -232,7 +237,8 @@ def test_home_from_the_third_nic_with_both_backups_armed_again(lab: Lab) -> None
             recover_nic(lab, ["h0"], ["mlx5_0", "mlx5_1"])
             assert stream.sender.read("state", timeout=15)["state"] == "default"
             wait_nic_state(lab, "h0", "mlx5_1", "NIC_STATE_UP")
-            time.sleep(0.3)  # the re-arm handshake for mlx5_1, on the default path
+            stream.wait_armed("backup")  # the re-arm handshake for mlx5_1, on the default path
+            stream.wait_armed("backup2")  # armed as it was left
             again = time.time()
             fail_over(lab, stream, 0.3)
             nic_fault("h0", device="mlx5_1").inject(lab)
@@ -291,3 +297,78 @@ def test_a_failure_of_the_third_nic_surfaces_cleanly(lab: Lab) -> None:
     # finals, not states: the sender stops polling at its last completion, before it may see "broken"
     assert sent["states"][0][0] == "fallback" and sent["finals"] == ["broken"], sent
     assert_switches(lab, since, MOVED_ON)  # nothing after the two moves
+
+
+@dataclass(frozen=True)
+class Step:
+    host: str
+    device: str  # mlx5_0 or mlx5_1: mlx5_2 stays healthy, so the stream always has a path
+    mode: str  # shiftctl fail-nic --mode (flap: every 0.4 s until recovered)
+    recover: str  # "next": before the next step; "end": after the last step, in order; "never"
+
+
+steps = st.builds(
+    Step,
+    host=st.sampled_from(["h0", "h1"]),
+    device=st.sampled_from(["mlx5_0", "mlx5_1"]),
+    mode=st.sampled_from(["down", "blackhole", "flap"]),
+    recover=st.sampled_from(["next", "end", "never"]),
+)
+
+
+def wait_home(lab: Lab, since: float, timeout: float = 20.0) -> None:
+    """Until h0's last switch since `since` is a failback (or it made none): the stream is home."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reports = failover_reports(lab, "h0", since)
+        if not reports or reports[-1].kind == common_pb2.FAILOVER_KIND_FAILBACK:
+            return
+        assert time.monotonic() < deadline, f"not home after {timeout:g} s: {reports[-1]}"
+        time.sleep(0.3)
+
+
+@settings(
+    max_examples=3,
+    deadline=None,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@example(  # h0's backup dies first; then h1's default: h1's count on mlx5_1 meets the ack deadline
+    plan=[Step("h0", "mlx5_1", "down", "never"), Step("h1", "mlx5_0", "down", "end")]
+)
+@given(plan=st.lists(steps, min_size=1, max_size=3, unique_by=lambda step: (step.host, step.device)))
+def test_no_fault_schedule_short_of_the_third_nic_breaks_the_stream(lab: Lab, plan: list[Step]) -> None:
+    """Property: with mlx5_2 healthy on both hosts there is always a path, so whichever of the other
+    NICs fail, in whatever order, recovered or not, every message arrives exactly once and in order and
+    no error reaches either application; the stream ends on the default path exactly when every
+    mlx5_0 fault was recovered."""
+    home = not any(step.device == "mlx5_0" and step.recover == "never" for step in plan)
+    try:
+        with Stream(lab, "send") as stream:
+            since = time.time()
+            for step in plan:
+                period = 0.4 if step.mode == "flap" else 0.0
+                nic_fault(step.host, step.mode, step.device, period).inject(lab)
+                time.sleep(0.4)  # traffic wherever it went
+                if step.recover == "next":
+                    recover_up(lab, step)
+            for step in plan:
+                if step.recover == "end":
+                    recover_up(lab, step)
+            if home:
+                wait_home(lab, since)
+            time.sleep(0.3)
+            sent, received = stream.finish()
+    finally:
+        recover_everything(lab)
+    assert_intact(sent, received)
+    final = "default" if home else "fallback"
+    assert sent["finals"] == [final] and received["finals"] == [final], (sent, received)
+
+
+def recover_up(lab: Lab, step: Step) -> None:
+    """Recover the step's NIC and wait until its shiftd says UP (past the hold-down)."""
+    nic_fault(step.host, device=step.device).recover(lab)
+    wait_nic_state(lab, step.host, step.device, "NIC_STATE_UP")
+    time.sleep(0.3)  # the re-arm on both sides
