@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypothesis import HealthCheck, Phase, settings
+
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from libshift.providers.tcp import wire
 from shiftd.ctl import MODES, Client
@@ -26,6 +28,15 @@ from shiftd.labproc import LabProcess
 PEER = str(Path(__file__).with_name("peer.py"))
 HOSTS = ("h0", "h1")
 BOTH = "both"
+# property tests on the lab: each example is a real stream of seconds, so a few, the written-out ones first,
+# none stored between runs and no shrinking (a failing draw is printed as it was)
+FEW_REAL_EXAMPLES = settings(
+    max_examples=3,
+    deadline=None,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow],
+)
 PATH_LOST = ("IBV_WC_RETRY_EXC_ERR", "IBV_WC_WR_FLUSH_ERR")  # what a path with nowhere to go gives
 
 

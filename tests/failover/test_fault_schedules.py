@@ -13,9 +13,10 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 from stream_harness import (
+    FEW_REAL_EXAMPLES,
     HOSTS,
     Stream,
     assert_intact,
@@ -87,13 +88,7 @@ class Schedule:
                 self.recover(step)
 
 
-@settings(
-    max_examples=3,
-    deadline=None,
-    database=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@FEW_REAL_EXAMPLES
 @example(schedule=(300, [Step("h0", "down", "end"), Step("h1", "blackhole", "end")]))
 @given(schedule=schedules)
 def test_every_fault_schedule_keeps_the_stream_exactly_once_in_order(

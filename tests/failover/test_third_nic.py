@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 from labs import running_lab
 from stream_harness import (
+    FEW_REAL_EXAMPLES,
     Stream,
     assert_clean_error,
     assert_intact,
@@ -327,13 +328,7 @@ def wait_home(lab: Lab, since: float, timeout: float = 20.0) -> None:
         time.sleep(0.3)
 
 
-@settings(
-    max_examples=3,
-    deadline=None,
-    database=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@FEW_REAL_EXAMPLES
 @example(  # h0's backup dies first; then h1's default: h1's count on mlx5_1 meets the ack deadline
     plan=[Step("h0", "mlx5_1", "down", "never"), Step("h1", "mlx5_0", "down", "end")]
 )
