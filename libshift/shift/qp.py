@@ -331,7 +331,11 @@ class ShiftQP:
             if self.state not in (State.DEFAULT, State.FALLBACK) or path not in self._peers:
                 return
             if path != self.current:
-                self.armed[path] = False  # the peer learns it only if it tries the path: its count fails
+                # stopped, not only skipped: a peer that moves there (it may not know) must not have its
+                # count taken and left unanswered (a flapping link delivers it); its count meets the ack
+                # deadline instead, and it moves on
+                self.armed[path] = False
+                self.qps[path].to_err()
                 return
             to = self._escape()
             if to is not None:
