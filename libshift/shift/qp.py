@@ -312,8 +312,7 @@ class ShiftQP:
         with self.ctx.lock:
             self.armed[PRIMARY] = False
             if self._fence_until is not None:  # a failback waiting for its fence: stay, post what it held
-                self._fence_until = None
-                self._release_held()
+                self._end_fence()
             if self.state != State.DEFAULT:
                 return
             to = self._escape()
@@ -389,8 +388,7 @@ class ShiftQP:
             return  # the common case, on every scan of every QP: no lock for it
         with self.ctx.lock:
             if self._fence_until is not None and now >= self._fence_until:
-                self._fence_until = None
-                self._switch_to(PRIMARY, "nic_recovered")
+                self._end_fence()
 
     def _retry_later(self) -> None:
         """Have retry_default try the default path once the current wait is over."""
@@ -463,8 +461,7 @@ class ShiftQP:
         entry.wc = wc
         self._deliver()
         if self._fence_until is not None and not self._in_flight():
-            self._fence_until = None
-            self._switch_to(PRIMARY, "nic_recovered")
+            self._end_fence()
 
     def _on_control(self, wc: WC, path: str) -> None:
         if wc.status == ST.IBV_WC_SUCCESS:
@@ -537,8 +534,13 @@ class ShiftQP:
         current = self.current
         return any(e.path == current and e.wc is None for e in self.ledger.sq.entries)
 
-    def _release_held(self) -> None:
-        """Post, in order, the sends held by a fence that will not fail back after all."""
+    def _end_fence(self) -> None:
+        """The fence is over (its sends completed, or it timed out): fail back; or, when the default path
+        is no longer armed (its NIC went down meanwhile), stay and post the held sends here, in order."""
+        self._fence_until = None
+        if self.armed[PRIMARY]:
+            self._switch_to(PRIMARY, "nic_recovered")
+            return
         held = [e for e in self.ledger.sq.pending() if e.path is None]
         if held:
             self.qps[self.current].post_send_list([self._on_current_path(e) for e in held])
