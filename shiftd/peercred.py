@@ -161,14 +161,17 @@ class PeerCredRelay:
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(self._accepted, path=str(path))
+        # bound, given its mode and group, and only then listening: no caller ever reaches it with other
+        # permissions (a client, or systemd's readiness, may connect the moment it listens)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
         os.chmod(path, self.mode)
         gid = group_id(self.group)
         if gid is None:
             log.warning("group %r does not exist; %s keeps root's group", self.group, path)
         else:
             os.chown(path, -1, gid)
+        self._server = await asyncio.get_running_loop().create_unix_server(self._accepted, sock=sock)
 
     async def close(self) -> None:
         if self._server is not None:
