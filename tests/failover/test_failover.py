@@ -143,7 +143,9 @@ def test_a_failback_waits_for_its_fence_and_sends_nothing_twice(lab: Lab) -> Non
     reposted_on_failover = []
     for _ in range(FAIR_DRAWS):
         since = time.time()
-        sent, _ = run_stream(lab, "write_read", nic_fault("h0"), failbacks=1, sender_args=("--rate", "100000"))
+        sent, _ = run_stream(
+            lab, "write_read", nic_fault("h0"), failbacks=1, sender_args=("--rate", "100000")
+        )
         assert sent["errors"] == [] and sent["failed"] == [], sent
         assert sent["verified"] == sent["completed"]
         failover, failback, _ = failover_reports(lab, "h0", since, wait_for=3)
