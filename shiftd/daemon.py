@@ -258,6 +258,7 @@ class Daemon:
         nic.time_unix_nanos = record.wall_last_change_ns
         nic.monotonic_nanos = int(transition.at * 1e9)
         self.bus.publish(event)
+        self.relay.pump()  # the agents' streams have written it to the relay: on to the agents now
         # Everything else waits until the subscribers' streams have taken the event: metrics, the
         # etcd record and the log cost ~0.5 ms of the event loop, which is half the latency budget.
         asyncio.get_running_loop().call_later(BOOKKEEPING_DELAY, self._after_transition, record, transition)

@@ -80,9 +80,11 @@ class _Splice(asyncio.BufferedProtocol):
         self,
         on_made: Callable[[_Splice], None] = lambda splice: None,
         on_lost: Callable[[_Splice], None] = lambda splice: None,
+        sock: socket.socket | None = None,
     ) -> None:
         self.transport: asyncio.Transport | None = None
         self.peer: _Splice | None = None
+        self.sock = sock  # the relay's own socket to gRPC, which pump() reads
         self.ended = False  # the other end of this socket will send no more
         self._on_made = on_made
         self._on_lost = on_lost
@@ -103,6 +105,27 @@ class _Splice(asyncio.BufferedProtocol):
         assert self.peer is not None and self.peer.transport is not None  # reading starts once joined
         # a copy: what the transport cannot send at once it keeps, and the buffer is read into again
         self.peer.transport.write(bytes(self._buffer[:nbytes]))
+
+    def pump(self) -> None:
+        """Relay what the socket holds now, without waiting for the event loop to find it readable.
+
+        The loop and this read share one thread and one socket object, so the bytes go out in the order
+        they came whoever reads them; the loop's own read then finds nothing (EAGAIN), and an end of
+        stream (a read of 0 bytes) is left for it to find again, as it always finds one.
+        """
+        transport, peer = self.transport, self.peer
+        if self.sock is None or transport is None or transport.is_closing() or not transport.is_reading():
+            return
+        if peer is None or peer.transport is None or peer.transport.is_closing():
+            return
+        while transport.is_reading():  # writing may fill the peer's buffer, which pauses this side
+            try:
+                nbytes = self.sock.recv_into(self._buffer)
+            except OSError:  # nothing more now (EAGAIN), or an error the loop's read will meet too
+                return
+            if nbytes == 0:
+                return
+            self.buffer_updated(nbytes)
 
     def eof_received(self) -> bool:
         self.ended = True
@@ -190,6 +213,17 @@ class PeerCredRelay:
             await self._server.wait_closed()
             self._server = None
 
+    def pump(self) -> None:
+        """Relay at once what gRPC has just written to the callers (a NIC event on the agents' streams).
+
+        gRPC writes a stream message to its end of the relay on the event loop's thread, inside the call
+        that hands it over; the loop would come back to the relay's read only after the rest of its turn
+        (0.2-0.4 ms on this path, measured with ftrace). Reading here instead saves that turn.
+        """
+        for downstream in list(self._live):  # a write that fails ends its connection later, not now
+            if downstream.peer is not None:
+                downstream.peer.pump()
+
     def lookup(self, peer: str) -> PeerCred | None:
         """Credentials of the caller behind a gRPC `context.peer()` string."""
         name = peer.removeprefix(PEER_PREFIX)
@@ -220,7 +254,7 @@ class PeerCredRelay:
             upstream_sock.setblocking(False)
             loop = asyncio.get_running_loop()
             await loop.sock_connect(upstream_sock, self.private_path)
-            upstream = _Splice()
+            upstream = _Splice(sock=upstream_sock)
             await loop.create_unix_connection(lambda: upstream, sock=upstream_sock)
         except OSError as exc:
             log.warning("relay %s: cannot reach the gRPC server: %s", name, exc)

@@ -3,6 +3,7 @@
 import asyncio
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -106,3 +107,84 @@ def test_public_socket_mode(tmp_path):
         return mode, (tmp_path / "public.sock").exists()
 
     assert asyncio.run(scenario()) == (0o666, False)
+
+
+class _Writer(asyncio.Protocol):
+    """The far end of the relay, standing in for gRPC: writes when the test says so."""
+
+    def __init__(self, connected: asyncio.Future) -> None:
+        self.connected = connected
+
+    def connection_made(self, transport):
+        self.connected.set_result(transport)
+
+
+async def _relay_to_writer(tmp_path):
+    """A relay in front of a plain Unix server; a non-blocking client of it; the server's transport."""
+    loop = asyncio.get_running_loop()
+    connected = loop.create_future()
+    server = await loop.create_unix_server(lambda: _Writer(connected), str(tmp_path / "private.sock"))
+    relay = PeerCredRelay(str(tmp_path / "public.sock"), str(tmp_path / "private.sock"), 0o600, "nogroup")
+    await relay.start()
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.setblocking(False)
+    await loop.sock_connect(client, str(tmp_path / "public.sock"))
+    far_end = await asyncio.wait_for(connected, 10)
+    while relay.connections == 0:  # joined once its credentials are known
+        await asyncio.sleep(0.01)
+    return server, relay, client, far_end
+
+
+def test_pump_relays_what_is_waiting_without_a_turn_of_the_loop(tmp_path):
+    """What gRPC wrote reaches the caller inside pump(), before the loop runs again; what comes later
+    still goes the loop's way, after it and in order."""
+
+    async def scenario():
+        server, relay, client, far_end = await _relay_to_writer(tmp_path)
+        try:
+            far_end.write(b"event")  # the socket is empty: asyncio sends at once
+            with pytest.raises(BlockingIOError):
+                client.recv(100)  # not relayed yet: the loop has not run
+            relay.pump()
+            first = client.recv(100)
+            far_end.write(b" and more")
+            relay.pump()  # the loop's own read of "event" still comes: it must find nothing to send twice
+            await asyncio.sleep(0.1)
+            rest = client.recv(100)
+            return first, rest
+        finally:
+            client.close()
+            await relay.close()
+            server.close()
+
+    first, rest = asyncio.run(scenario())
+    assert (first, rest) == (b"event", b" and more")
+
+
+def test_pump_leaves_the_end_of_the_stream_to_the_loop(tmp_path):
+    """A pump that meets the end of the stream sends nothing; the loop then closes the caller's side."""
+
+    async def scenario():
+        server, relay, client, far_end = await _relay_to_writer(tmp_path)
+        try:
+            far_end.write(b"last")
+            far_end.close()
+            await asyncio.sleep(0)  # the close happens on the loop's next turn
+            relay.pump()
+            got = b""
+            for _ in range(100):
+                try:
+                    chunk = client.recv(100)
+                except BlockingIOError:
+                    await asyncio.sleep(0.02)
+                    continue
+                if not chunk:
+                    return got, True
+                got += chunk
+            return got, False
+        finally:
+            client.close()
+            await relay.close()
+            server.close()
+
+    assert asyncio.run(scenario()) == (b"last", True)
