@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
+from libshift.shift.memory import deregister_twins, register_twins
 from libshift.shift.paths import BACKUP, PRIMARY
 from libshift.verbs import MR, PD, SGE, SendWR
 
@@ -55,22 +56,15 @@ class Shelf:
         return self.free.pop()
 
     def _grow(self) -> None:
-        mr = MR(self.pds[PRIMARY], self.size * CHUNK_SLOTS, 0)  # access 0: only read, by the local device
-        chunk = {PRIMARY: mr}
-        for path, pd in self.pds.items():
-            if path != PRIMARY:
-                chunk[path] = MR(pd, mr.length, 0, buffer=mr.view)
-                self._lkeys[path][mr.lkey] = chunk[path].lkey
+        # access 0: only read, by the local device
+        chunk = register_twins(self.pds, self.size * CHUNK_SLOTS, 0, self._lkeys)
         self._chunks.append(chunk)
+        mr = chunk[PRIMARY]
         self.free += (Slot(self, mr.buf + i * self.size, mr.lkey) for i in reversed(range(CHUNK_SLOTS)))
 
     def close(self) -> None:
         for chunk in self._chunks:
-            lkey = chunk[PRIMARY].lkey
-            for path, mr in reversed(chunk.items()):
-                if path != PRIMARY:
-                    self._lkeys[path].pop(lkey, None)
-                mr.close()
+            deregister_twins(chunk, self._lkeys)
         self._chunks.clear()
         self.free.clear()
 

@@ -21,6 +21,34 @@ if TYPE_CHECKING:
 log = logging.getLogger("libshift.shift")
 
 
+def register_twins(
+    pds: dict[str, PD],
+    length: int,
+    access: int,
+    lkeys: dict[str, dict[int, int]],
+    buffer: Buffer | None = None,
+) -> dict[str, MR]:
+    """One buffer registered in the PD of every path (path -> MR): new memory, or `buffer`, on the default
+    path, and that same memory on the others, each of whose lkeys goes in `lkeys[path]` under the default
+    lkey, for the WRs that a switch moves onto that path."""
+    primary = MR(pds[PRIMARY], length, access, buffer)
+    on = {PRIMARY: primary}
+    for path, pd in pds.items():
+        if path != PRIMARY:
+            on[path] = MR(pd, length, access, buffer=primary.view)
+            lkeys[path][primary.lkey] = on[path].lkey
+    return on
+
+
+def deregister_twins(on: dict[str, MR], lkeys: dict[str, dict[int, int]]) -> None:
+    """Undo register_twins: the lkeys forgotten, the MRs closed, the default's last."""
+    lkey = on[PRIMARY].lkey
+    for path, mr in reversed(on.items()):
+        if path != PRIMARY:
+            lkeys[path].pop(lkey, None)
+        mr.close()
+
+
 class ShiftPD:
     """A PD on each device: `on[path]`; `primary` is the default device's."""
 
@@ -42,10 +70,8 @@ class ShiftMR:
 
     def __init__(self, pd: ShiftPD, length: int, access: int, buffer: Buffer | None = None) -> None:
         self.pd = pd
-        self.primary = MR(pd.primary, length, access, buffer)
-        self.on = {PRIMARY: self.primary}
-        for path in pd.ctx.backups:
-            self.on[path] = MR(pd.on[path], length, access, buffer=self.primary.view)
+        self.on = register_twins(pd.on, length, access, pd.ctx.lkeys, buffer)
+        self.primary = self.on[PRIMARY]
         if len(self.on) > 1:
             self._publish()
 
@@ -56,9 +82,6 @@ class ShiftMR:
     def _publish(self) -> None:
         ctx = self.pd.ctx
         assert ctx.agent is not None
-        for path, mr in self.on.items():
-            if path != PRIMARY:
-                ctx.lkeys[path][self.primary.lkey] = mr.lkey
         try:
             for path, backup in self._links():
                 ctx.agent.publish_mr(
@@ -88,12 +111,9 @@ class ShiftMR:
     def close(self) -> None:
         ctx = self.pd.ctx
         if len(self.on) > 1 and ctx.agent is not None:
-            for path in self.on:
-                ctx.lkeys.get(path, {}).pop(self.primary.lkey, None)
             try:
                 for path, _ in self._links():
                     ctx.agent.withdraw_mr(ctx.devices[path].query_gid(), self.on[path].rkey)
             except AgentError as exc:
                 log.warning("MR rkey %#x: backup keys not withdrawn (%s)", self.rkey, exc)
-        for mr in reversed(self.on.values()):
-            mr.close()
+        deregister_twins(self.on, ctx.lkeys)
