@@ -42,7 +42,7 @@ class LinkStatus:
     present: bool
     admin_up: bool = False
     operstate: str = "unknown"  # lower case, as in /sys/class/net/*/operstate
-    carrier: bool = False
+    carrier: bool = False  # IFF_LOWER_UP: never while the link is down
     addresses: tuple[str, ...] = ()
 
     @property

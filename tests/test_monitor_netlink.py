@@ -15,7 +15,7 @@ from nsutil import NetnsLoop, ip, netns, open_sockets
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
 from pyroute2.netlink.rtnl import RTM_DELADDR, RTM_DELLINK, RTM_NEWLINK
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
-from pyroute2.netlink.rtnl.ifinfmsg import IFF_UP, ifinfmsg
+from pyroute2.netlink.rtnl.ifinfmsg import IFF_LOWER_UP, IFF_UP, ifinfmsg
 
 from shiftd.monitors.netlink import AddrMsg, LinkMsg, NetlinkMonitor, decode
 from shiftd.netns import run as netns_run
@@ -237,6 +237,14 @@ def link_msg(family: int, name: str, flags: int, operstate: str, carrier: int) -
     return msg
 
 
+def test_the_carrier_is_the_lower_up_flag_as_the_kernel_sets_it() -> None:
+    """IFF_LOWER_UP decides (the kernel sets it only while the link is up and has carrier), whatever an
+    IFLA_CARRIER attribute says: the decoder stops before that attribute."""
+    up_with_carrier = encoded(link_msg(socket.AF_UNSPEC, NIC, IFF_UP | IFF_LOWER_UP, "UP", 0), RTM_NEWLINK)
+    down_with_stale_carrier = encoded(link_msg(socket.AF_UNSPEC, NIC, 0, "DOWN", 1), RTM_NEWLINK)
+    assert [m.carrier for m in decode(up_with_carrier + down_with_stale_carrier)] == [True, False]
+
+
 def test_decode_reads_what_pyroute2_encodes() -> None:
     address = ifaddrmsg()
     address["family"], address["index"], address["prefixlen"] = socket.AF_INET, 7, 24
@@ -255,7 +263,7 @@ def test_decode_reads_what_pyroute2_encodes() -> None:
 
 
 def test_decode_stops_at_a_truncated_message() -> None:
-    whole = encoded(link_msg(socket.AF_UNSPEC, NIC, IFF_UP, "UP", 1), RTM_NEWLINK)
+    whole = encoded(link_msg(socket.AF_UNSPEC, NIC, IFF_UP | IFF_LOWER_UP, "UP", 1), RTM_NEWLINK)
     assert list(decode(whole)) == [LinkMsg(False, 7, NIC, True, "up", True)]
     assert list(decode(whole[:10])) == []
     assert list(decode(whole[:40])) == []  # the header promises more than there is
