@@ -6,12 +6,12 @@ import os
 
 import numpy as np
 import pytest
-from conftest import ALL_ACCESS
 
 from libshift.verbs import MR, SGE, SendWR, VerbsRDMAError
 from libshift.verbs import enums as e
 
 SIGNALED = e.IBV_SEND_SIGNALED
+ALL_ACCESS = e.ALL_ACCESS
 
 
 def test_a_remote_write_lands_in_the_callers_numpy_array(pair):
