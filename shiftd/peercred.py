@@ -115,12 +115,13 @@ class _Splice(asyncio.BufferedProtocol):
         stream (a read of 0 bytes) is left for it to find again, as it always finds one.
         """
         transport, peer = self.transport, self.peer
-        if self.sock is None or transport is None or transport.is_closing() or not transport.is_reading():
+        if self.sock is None or transport is None or transport.is_closing():
             return False
         if peer is None or peer.transport is None or peer.transport.is_closing():
             return False
         relayed = False
-        while transport.is_reading():  # writing may fill the peer's buffer, which pauses this side
+        # not while paused: the peer's buffer is full (and writing here may fill it, pausing this side)
+        while transport.is_reading():
             try:
                 nbytes = self.sock.recv_into(self._buffer)
             except OSError:  # nothing more now (EAGAIN), or an error the loop's read will meet too

@@ -1,6 +1,7 @@
 """The SO_PEERCRED relay: a gRPC handler learns the real uid/pid of the caller behind it."""
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -119,8 +120,9 @@ class _Writer(asyncio.Protocol):
         self.connected.set_result(transport)
 
 
-async def _relay_to_writer(tmp_path):
-    """A relay in front of a plain Unix server; a non-blocking client of it; the server's transport."""
+@contextlib.asynccontextmanager
+async def relay_to_writer(tmp_path):
+    """A relay in front of a plain Unix server: a non-blocking client of it, and the server's transport."""
     loop = asyncio.get_running_loop()
     connected = loop.create_future()
     server = await loop.create_unix_server(lambda: _Writer(connected), str(tmp_path / "private.sock"))
@@ -128,11 +130,16 @@ async def _relay_to_writer(tmp_path):
     await relay.start()
     client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     client.setblocking(False)
-    await loop.sock_connect(client, str(tmp_path / "public.sock"))
-    far_end = await asyncio.wait_for(connected, 10)
-    while relay.connections == 0:  # joined once its credentials are known
-        await asyncio.sleep(0.01)
-    return server, relay, client, far_end
+    try:
+        await loop.sock_connect(client, str(tmp_path / "public.sock"))
+        far_end = await asyncio.wait_for(connected, 10)
+        while relay.connections == 0:  # joined once its credentials are known
+            await asyncio.sleep(0.01)
+        yield relay, client, far_end
+    finally:
+        client.close()
+        await relay.close()
+        server.close()
 
 
 def test_pump_relays_what_is_waiting_without_a_turn_of_the_loop(tmp_path):
@@ -140,8 +147,7 @@ def test_pump_relays_what_is_waiting_without_a_turn_of_the_loop(tmp_path):
     still goes the loop's way, after it and in order."""
 
     async def scenario():
-        server, relay, client, far_end = await _relay_to_writer(tmp_path)
-        try:
+        async with relay_to_writer(tmp_path) as (relay, client, far_end):
             far_end.write(b"event")  # the socket is empty: asyncio sends at once
             with pytest.raises(BlockingIOError):
                 client.recv(100)  # not relayed yet: the loop has not run
@@ -150,12 +156,7 @@ def test_pump_relays_what_is_waiting_without_a_turn_of_the_loop(tmp_path):
             far_end.write(b" and more")
             relay.pump()  # the loop's own read of "event" still comes: it must find nothing to send twice
             await asyncio.sleep(0.1)
-            rest = client.recv(100)
-            return first, rest
-        finally:
-            client.close()
-            await relay.close()
-            server.close()
+            return first, client.recv(100)
 
     first, rest = asyncio.run(scenario())
     assert (first, rest) == (b"event", b" and more")
@@ -165,8 +166,7 @@ def test_pump_leaves_the_end_of_the_stream_to_the_loop(tmp_path):
     """A pump that meets the end of the stream sends nothing; the loop then closes the caller's side."""
 
     async def scenario():
-        server, relay, client, far_end = await _relay_to_writer(tmp_path)
-        try:
+        async with relay_to_writer(tmp_path) as (relay, client, far_end):
             far_end.write(b"last")
             far_end.close()
             await asyncio.sleep(0)  # the close happens on the loop's next turn
@@ -182,9 +182,5 @@ def test_pump_leaves_the_end_of_the_stream_to_the_loop(tmp_path):
                     return got, True
                 got += chunk
             return got, False
-        finally:
-            client.close()
-            await relay.close()
-            server.close()
 
     assert asyncio.run(scenario()) == (b"last", True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
 
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from libshift.providers.tcp import wire
@@ -38,6 +39,27 @@ FEW_REAL_EXAMPLES = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 PATH_LOST = ("IBV_WC_RETRY_EXC_ERR", "IBV_WC_WR_FLUSH_ERR")  # what a path with nowhere to go gives
+
+
+@dataclass(frozen=True)
+class Step:
+    """One fault of a drawn plan."""
+
+    host: str
+    mode: str  # shiftctl fail-nic --mode (flap: every 0.4 s until recovered)
+    recover: str  # "next": before the next step; "end": after the last step, in order; "never"
+    device: str = "mlx5_0"
+
+
+def fault_steps(devices: tuple[str, ...] = ("mlx5_0",)) -> st.SearchStrategy[Step]:
+    """Steps on either host, failing one of `devices` in any mode, recovered at any time or never."""
+    return st.builds(
+        Step,
+        host=st.sampled_from(HOSTS),
+        mode=st.sampled_from(["down", "blackhole", "flap"]),
+        recover=st.sampled_from(["next", "end", "never"]),
+        device=st.sampled_from(devices),
+    )
 
 
 class Peer(LabProcess):

@@ -10,7 +10,6 @@ a few seconds): a failing draw is printed as it was.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import example, given
@@ -18,8 +17,10 @@ from hypothesis import strategies as st
 from stream_harness import (
     FEW_REAL_EXAMPLES,
     HOSTS,
+    Step,
     Stream,
     assert_intact,
+    fault_steps,
     nic_fault,
     recover_everything,
     switches,
@@ -31,20 +32,7 @@ from shiftd.lab import Lab
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(400)]
 
 
-@dataclass(frozen=True)
-class Step:
-    host: str
-    mode: str  # shiftctl fail-nic --mode
-    recover: str  # "next": before the next step; "end": after the last step, in order; "never"
-
-
-steps = st.builds(
-    Step,
-    host=st.sampled_from(["h0", "h1"]),
-    mode=st.sampled_from(["down", "blackhole", "flap"]),
-    recover=st.sampled_from(["next", "end", "never"]),
-)
-schedules = st.tuples(st.sampled_from([50, 300, 800]), st.lists(steps, min_size=1, max_size=2))
+schedules = st.tuples(st.sampled_from([50, 300, 800]), st.lists(fault_steps(), min_size=1, max_size=2))
 
 
 class Schedule:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import example, given
@@ -19,11 +18,13 @@ from hypothesis import strategies as st
 from labs import running_lab
 from stream_harness import (
     FEW_REAL_EXAMPLES,
+    Step,
     Stream,
     assert_clean_error,
     assert_intact,
     assert_switched,
     failover_reports,
+    fault_steps,
     nic_fault,
     rail_qdisc,
     recover_everything,
@@ -300,21 +301,8 @@ def test_a_failure_of_the_third_nic_surfaces_cleanly(lab: Lab) -> None:
     assert_switches(lab, since, MOVED_ON)  # nothing after the two moves
 
 
-@dataclass(frozen=True)
-class Step:
-    host: str
-    device: str  # mlx5_0 or mlx5_1: mlx5_2 stays healthy, so the stream always has a path
-    mode: str  # shiftctl fail-nic --mode (flap: every 0.4 s until recovered)
-    recover: str  # "next": before the next step; "end": after the last step, in order; "never"
-
-
-steps = st.builds(
-    Step,
-    host=st.sampled_from(["h0", "h1"]),
-    device=st.sampled_from(["mlx5_0", "mlx5_1"]),
-    mode=st.sampled_from(["down", "blackhole", "flap"]),
-    recover=st.sampled_from(["next", "end", "never"]),
-)
+# mlx5_2 stays healthy, so the stream always has a path
+steps = fault_steps(devices=("mlx5_0", "mlx5_1"))
 
 
 def wait_home(lab: Lab, since: float, timeout: float = 20.0) -> None:
@@ -330,11 +318,11 @@ def wait_home(lab: Lab, since: float, timeout: float = 20.0) -> None:
 
 @FEW_REAL_EXAMPLES
 @example(  # h0's backup dies first; then h1's default: h1's count on mlx5_1 meets the ack deadline
-    plan=[Step("h0", "mlx5_1", "down", "never"), Step("h1", "mlx5_0", "down", "end")]
+    plan=[Step("h0", "down", "never", "mlx5_1"), Step("h1", "down", "end", "mlx5_0")]
 )
 @example(  # found by a draw: h0 moved to mlx5_1 while h1's flapped; h1 took h0's count there (its link up
     # for a moment) but would not follow onto a path it counted as down, and h0 waited for h1's count
-    plan=[Step("h1", "mlx5_1", "flap", "never"), Step("h0", "mlx5_0", "blackhole", "end")]
+    plan=[Step("h1", "flap", "never", "mlx5_1"), Step("h0", "blackhole", "end", "mlx5_0")]
 )
 @given(plan=st.lists(steps, min_size=1, max_size=3, unique_by=lambda step: (step.host, step.device)))
 def test_no_fault_schedule_short_of_the_third_nic_breaks_the_stream(lab: Lab, plan: list[Step]) -> None:
