@@ -161,24 +161,25 @@ def raw_both_ways(store: FileStore, ctx: Context, rank: int) -> Callable[[], int
 def raw_duplex(out: socket.socket, into: socket.socket, total: int) -> None:
     """Send `total` bytes on `out` while receiving `total` on `into`, on one thread as the provider's engine
     does (two threads would take turns at the interpreter lock between every two system calls)."""
-    chunk = memoryview(bytearray(RAW_CHUNK))
+    outgoing, incoming = memoryview(bytearray(RAW_CHUNK)), memoryview(bytearray(RAW_CHUNK))
     sent = got = 0
     with selectors.DefaultSelector() as selector:
-        out.setblocking(False)
-        into.setblocking(False)
-        selector.register(out, selectors.EVENT_WRITE)
-        selector.register(into, selectors.EVENT_READ)
+        for sock, events in ((out, selectors.EVENT_WRITE), (into, selectors.EVENT_READ)):
+            sock.setblocking(False)
+            selector.register(sock, events)
         while sent < total or got < total:
             for key, _ in selector.select():
                 if key.fileobj is out:
-                    sent += out.send(chunk[: min(RAW_CHUNK, total - sent)])
+                    sent += out.send(outgoing[: min(RAW_CHUNK, total - sent)])
                     if sent == total:
                         selector.unregister(out)
                 else:
-                    received = into.recv_into(chunk)
+                    received = into.recv_into(incoming[: min(RAW_CHUNK, total - got)])
                     if not received:
                         raise ConnectionError("raw both-ways stream closed early")
                     got += received
+                    if got == total:
+                        selector.unregister(into)
 
 
 def write_bw(lab: Lab) -> float:
