@@ -30,7 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 
@@ -93,9 +94,8 @@ def bidir_main(store_path: str, rank: int, raw: bool) -> None:
     the same moment; prints when it started and ended and how much it wrote. With `raw`, plain TCP on the
     same netdevs (one connection per direction, the kernel's copies only): the machine's own limit."""
     store = FileStore(store_path)
-    ctx = Context(name="mlx5_0")
-    try:
-        run = raw_both_ways(store, ctx, rank) if raw else provider_both_ways(store, ctx, rank)
+    both_ways = raw_both_ways if raw else provider_both_ways
+    with Context(name="mlx5_0") as ctx, both_ways(store, ctx, rank) as run:
         if rank == 0:
             store.set("start", str(time.monotonic() + START_DELAY).encode())
         start = float(store.get("start"))  # CLOCK_MONOTONIC: one clock for every namespace
@@ -104,58 +104,56 @@ def bidir_main(store_path: str, rank: int, raw: bool) -> None:
         end = time.monotonic()
         store.set(f"done/{rank}", b"1")
         store.get(f"done/{1 - rank}")  # the peer still writes into our memory until then
-    finally:
-        ctx.close()
     print(json.dumps({"start": start, "end": end, "bytes": written}), flush=True)
 
 
-def provider_both_ways(store: FileStore, ctx: Context, rank: int) -> Callable[[], int]:
-    """Connect a write_bw side to the other host's; the returned call runs libshift.perf's write_bw loop.
-    The side is closed when the context is."""
+@contextmanager
+def provider_both_ways(store: FileStore, ctx: Context, rank: int) -> Iterator[Callable[[], int]]:
+    """A write_bw side connected to the other host's, for the block; the call runs libshift.perf's
+    write_bw loop and says how many bytes it wrote."""
     side = Side(ctx, BASELINE_SIZE)
-    mine = {"endpoint": side.qp.endpoint().to_json(), "addr": side.mr.buf, "rkey": side.mr.rkey}
-    store.set(f"bidir/{rank}", json.dumps(mine).encode())
-    peer = json.loads(store.get(f"bidir/{1 - rank}"))
-    side.qp.connect(
-        Endpoint.from_json(peer["endpoint"]), QPAttr(qp_access_flags=e.ALL_ACCESS, min_rnr_timer=1)
-    )
-    store.set(f"connected/{rank}", b"1")
-    store.get(f"connected/{1 - rank}")
-    iters = PERF_BYTES // BASELINE_SIZE
+    try:
+        mine = {"endpoint": side.qp.endpoint().to_json(), "addr": side.mr.buf, "rkey": side.mr.rkey}
+        store.set(f"bidir/{rank}", json.dumps(mine).encode())
+        peer = json.loads(store.get(f"bidir/{1 - rank}"))
+        attr = QPAttr(qp_access_flags=e.ALL_ACCESS, min_rnr_timer=1)
+        side.qp.connect(Endpoint.from_json(peer["endpoint"]), attr)
+        store.set(f"connected/{rank}", b"1")
+        store.get(f"connected/{1 - rank}")
+        iters = PERF_BYTES // BASELINE_SIZE
 
-    def run() -> int:
-        client_bw("write_bw", side, peer, BASELINE_SIZE, iters)
-        return iters * BASELINE_SIZE
+        def run() -> int:
+            client_bw("write_bw", side, peer, BASELINE_SIZE, iters)
+            return iters * BASELINE_SIZE
 
-    return run
+        yield run
+    finally:
+        side.close()
 
 
-def raw_both_ways(store: FileStore, ctx: Context, rank: int) -> Callable[[], int]:
-    """Two plain TCP connections between the hosts' mlx5_0 netdevs, one per direction; the returned call
-    streams PERF_BYTES out on one while it takes the other's in (raw_duplex)."""
-    if rank == 1:
-        listener = device_socket(ctx)
-        listener.bind((ctx.query_gid().removeprefix("::ffff:"), 0))
-        listener.listen(2)
-        store.set("raw", json.dumps(listener.getsockname()).encode())
-        first, second = listener.accept()[0], listener.accept()[0]
-        listener.close()
-        out, into = second, first
-    else:
-        address = tuple(json.loads(store.get("raw")))
-        out, into = device_socket(ctx), device_socket(ctx)
-        out.connect(address)
-        into.connect(address)  # accepted second: rank 1 sends on it
+@contextmanager
+def raw_both_ways(store: FileStore, ctx: Context, rank: int) -> Iterator[Callable[[], int]]:
+    """Two plain TCP connections between the hosts' mlx5_0 netdevs, one per direction, for the block; the
+    call streams PERF_BYTES out on one while it takes the other's in (raw_duplex)."""
+    with ExitStack() as sockets:
+        if rank == 1:
+            with device_socket(ctx) as listener:
+                listener.bind((ctx.query_gid().removeprefix("::ffff:"), 0))
+                listener.listen(2)
+                store.set("raw", json.dumps(listener.getsockname()).encode())
+                into = sockets.enter_context(listener.accept()[0])
+                out = sockets.enter_context(listener.accept()[0])
+        else:
+            address = tuple(json.loads(store.get("raw")))
+            out, into = (sockets.enter_context(device_socket(ctx)) for _ in range(2))
+            out.connect(address)
+            into.connect(address)  # accepted second: rank 1 sends on it
 
-    def run() -> int:
-        try:
+        def run() -> int:
             raw_duplex(out, into, PERF_BYTES)
-        finally:
-            out.close()
-            into.close()
-        return PERF_BYTES
+            return PERF_BYTES
 
-    return run
+        yield run
 
 
 def raw_duplex(out: socket.socket, into: socket.socket, total: int) -> None:
