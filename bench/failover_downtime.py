@@ -8,14 +8,17 @@ Each trial takes the link of h0's mlx5_0 down and times, on CLOCK_MONOTONIC:
   downtime    t0 -> the sender polls the first successful completion of a WR posted after t0: such a WR
               cannot have gone over the dead link, so its completion is the first good one on the backup;
 and, for the breakdown, when shiftd saw the link change and when the application's agent got the NIC event.
+With --steps both peers also keep the moments of their switch's steps (libshift.shift.steps), and a second
+table gives, per stream, the median time after t0 of each step on each host: where the downtime goes.
 Then the link comes back, shiftd reports the NIC UP after its hold-down, the QPs fail back, and once both
 sides are on mlx5_0 with the backup re-armed the next trial starts. Target: median downtime under 1 ms.
 
-    sudo .venv/bin/python bench/failover_downtime.py [--trials 30] [--modes send,write,read]
+    sudo .venv/bin/python bench/failover_downtime.py [--trials 30] [--modes send,write,read] [--steps]
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 from typing import Any
 
@@ -33,9 +36,9 @@ def fault(lab: Lab, kind: str, up: bool) -> int:
     return set_link(lab.namespace("h0"), lab.shape.netdev(0), up)
 
 
-def trials(lab: Lab, mode: str, count: int, kind: str) -> list[dict[str, float]]:
-    samples = []
-    with Pair(lab, "--mode", mode) as pair:
+def trials(lab: Lab, mode: str, count: int, kind: str, keep_steps: bool) -> dict[str, Any]:
+    samples, windows = [], []
+    with Pair(lab, "--mode", mode, *(["--steps"] if keep_steps else [])) as pair:
         pair.sender.send(stream=True)
         pair.settle()
         for i in range(count):
@@ -45,6 +48,7 @@ def trials(lab: Lab, mode: str, count: int, kind: str) -> list[dict[str, float]]
                 raise SystemExit(f"{mode}: trial {i + 1} did not resume: {resumed}")
             arrived, seen = resumed["nic_event"] or (None, None)
             first = resumed["first_ns"]
+            windows.append((t0, first))
             samples.append(
                 {
                     "downtime_ms": (first - t0) / 1e6,
@@ -60,7 +64,23 @@ def trials(lab: Lab, mode: str, count: int, kind: str) -> list[dict[str, float]]
     errors = sent["errors"] + received["errors"]
     if errors:
         raise SystemExit(f"{mode}: errors reached the application: {errors}")
-    return samples
+    moments = {"h0": sent["steps"], "h1": received["steps"]} if keep_steps else {}
+    return {"samples": samples, "steps": step_times(moments, windows)}
+
+
+def step_times(moments: dict[str, list[list[Any]]], windows: list[tuple[int, int]]) -> dict[str, list[float]]:
+    """Per "host step": in each trial's window (t0 to the first good completion), ms from t0 to the step's
+    first moment on that host; a trial in which a step did not happen in time has no entry for it."""
+    found: dict[str, list[float]] = {}
+    for t0, first in windows:
+        for host, kept in moments.items():
+            seen: dict[str, int] = {}
+            for ns, _qp, step in kept:
+                if t0 <= ns <= first:
+                    seen.setdefault(step, ns)
+            for step, ns in seen.items():
+                found.setdefault(f"{host} {step}", []).append((ns - t0) / 1e6)
+    return found
 
 
 def print_table(results: dict[str, list[dict[str, float]]], kind: str) -> None:
@@ -85,19 +105,47 @@ def print_table(results: dict[str, list[dict[str, float]]], kind: str) -> None:
     print("application's agent; libshift: agent got -> first good completion (switch, handshake, replay).")
 
 
+def print_steps(results: dict[str, dict[str, Any]]) -> None:
+    """Where the downtime goes: each step's median time after t0, in the order the steps came."""
+    for mode, result in results.items():
+        found, samples = result["steps"], result["samples"]
+        print(f"\n{mode}: where the downtime goes (ms after t0; median, min and max over trials)")
+        rows = sorted(found.items(), key=lambda item: statistics.median(item[1]))
+        rows.append(("h0 first good completion", [s["downtime_ms"] for s in samples]))
+        for name, times in rows:
+            print(
+                f"  {name:28} {statistics.median(times):8.3f} {min(times):8.3f} {max(times):8.3f}"
+                f"   ({len(times)}/{len(samples)} trials)"
+            )
+    print("\nnic_event: the NIC event reached the context; switch: a QP began to leave its path;")
+    print("old_path_stopped: nothing more lands there, its count is final; count_sent: the count is")
+    print("written on the new path; peer_count: the peer's came; replay_posted: what the peer lacks")
+    print("is posted on the new path.")
+
+
 def main() -> int:
     parser = arguments(__doc__.splitlines()[0], trials=30)
     parser.add_argument("--modes", default="send,write,read", help="streams to time (default all three)")
     parser.add_argument("--fault", choices=["port", "link"], default="port", help="which link goes down")
+    parser.add_argument("--steps", action="store_true", help="also show where the downtime goes, by step")
     args = parser.parse_args()
     modes = args.modes.split(",")
     results: dict[str, Any] = {}
     with lab_for(args) as lab:
         for mode in modes:
-            results[mode] = trials(lab, mode, args.trials, args.fault)
+            results[mode] = trials(lab, mode, args.trials, args.fault, args.steps)
     print(file=sys.stderr)
-    print_table(results, args.fault)
-    save(args, {"fault": args.fault, "trials": results})
+    print_table({mode: result["samples"] for mode, result in results.items()}, args.fault)
+    if args.steps:
+        print_steps(results)
+    save(
+        args,
+        {
+            "fault": args.fault,
+            "trials": {mode: result["samples"] for mode, result in results.items()},
+            "steps": {mode: result["steps"] for mode, result in results.items()},
+        },
+    )
     return 0
 
 

@@ -15,7 +15,8 @@ way, connects `--qps` QPs (one CQ for all), prints {"connected", "connected_s"},
                           mlx5_0 has reached the application after t;
   {"settled": true}       answer once every QP is on the default path with its backup armed (a failure now
                           is a clean trial);
-  {"stop": true}          end the stream, answer {"done": counts, errors, timeline, rss} and exit.
+  {"stop": true}          end the stream, answer {"done": counts, errors, timeline, rss, steps} and exit
+                          (steps: with --steps, the moments of each switch's steps; libshift.shift.steps).
 
 The receiver re-posts receives (send mode) and echoes pings; in write and read mode it only has to be alive
 (its watcher threads answer the failover handshake). With nothing to do, a side busy-polls, or with --block
@@ -41,7 +42,7 @@ from typing import Any
 
 from libshift.agent import Agent
 from libshift.api.shift.v1 import common_pb2
-from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP, State
+from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP, State, steps
 from libshift.verbs import (
     CQ,
     MR,
@@ -375,6 +376,7 @@ class Sender:
             transitions=self.states,
             nic_events=self.stack.nic_events,
             rss=rss_kib(),
+            steps=steps.kept(),
         )
 
 
@@ -403,7 +405,14 @@ def run_receiver(stack: Stack, orders: Orders) -> None:
             received += 1
             if wc.imm_data == PING and wc.wc_flags & e.IBV_WC_WITH_IMM:
                 lane.qp.post_send(SendWR(wr_id=PING_WR, opcode=e.IBV_WR_SEND, sg=stack.sge))
-    say(done=True, received=received, states=stack.states(), errors=errors[:10], rss=rss_kib())
+    say(
+        done=True,
+        received=received,
+        states=stack.states(),
+        errors=errors[:10],
+        rss=rss_kib(),
+        steps=steps.kept(),
+    )
 
 
 def main() -> None:
@@ -418,7 +427,10 @@ def main() -> None:
     parser.add_argument("--block", action="store_true", help="wait on a completion channel, not busy")
     parser.add_argument("--timeout", type=int, default=QPAttr.timeout)
     parser.add_argument("--retry-cnt", type=int, default=QPAttr.retry_cnt)
+    parser.add_argument("--steps", action="store_true", help="keep the moments of each switch's steps")
     args = parser.parse_args()
+    if args.steps:
+        steps.keep()
     logging.basicConfig(level=os.environ.get("SHIFT_BENCH_LOG", "WARNING"), stream=sys.stderr)
     stack = Stack(args)
     say(

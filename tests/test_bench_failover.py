@@ -41,8 +41,24 @@ def bench(lab, tmp_path: Path, script: str, *args: str) -> tuple[str, dict]:
     return result.stdout, json.loads(out.read_text())
 
 
+# The steps of a failover that each trial must show, and pairs of them that can only come in this order: a
+# host's own steps in program order, and a count taken only after the peer began to switch and send it.
+STEPS = ("nic_event", "switch", "old_path_stopped", "count_sent", "peer_count", "replay_posted")
+BEFORE = [
+    ("h0 nic_event", "h0 switch"),
+    ("h0 switch", "h0 old_path_stopped"),
+    ("h0 old_path_stopped", "h0 count_sent"),
+    ("h0 switch", "h1 peer_count"),
+    ("h1 peer_count", "h1 switch"),
+    ("h1 switch", "h0 peer_count"),
+    ("h0 peer_count", "h0 replay_posted"),
+]
+
+
 def test_failover_downtime(lab, tmp_path: Path) -> None:
-    table, results = bench(lab, tmp_path, "failover_downtime", "--trials", "2", "--modes", "send,read")
+    table, results = bench(
+        lab, tmp_path, "failover_downtime", "--trials", "2", "--modes", "send,read", "--steps"
+    )
     for mode in ("send", "read"):
         samples = results["trials"][mode]
         assert len(samples) == 2
@@ -50,6 +66,16 @@ def test_failover_downtime(lab, tmp_path: Path) -> None:
             assert 0 < s["downtime_ms"] < 5000, s
             assert 0 < s["agent_ms"] < s["downtime_ms"], s  # the NIC event came first, then the traffic
         assert any(line.startswith(mode) and "median < 1 ms" in line for line in table.splitlines())
+        # where the downtime went: every step in every trial, inside it, in an order that can be
+        steps = results["steps"][mode]
+        needed = [f"h0 {name}" for name in STEPS] + ["h1 peer_count", "h1 switch", "h1 count_sent"]
+        for step in needed:
+            assert len(steps[step]) == 2, (step, steps)
+        for trial, sample in enumerate(samples):
+            assert all(0 <= steps[step][trial] <= sample["downtime_ms"] for step in needed), steps
+            for first, then in BEFORE:
+                assert steps[first][trial] <= steps[then][trial], (first, then, steps)
+        assert f"{mode}: where the downtime goes" in table
 
 
 def test_blackhole_detection(lab, tmp_path: Path) -> None:

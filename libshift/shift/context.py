@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from libshift.agent import Agent
 from libshift.api.shift.v1 import common_pb2
 from libshift.device import get_device_list
+from libshift.shift import steps
 from libshift.shift.inline import InlinePool
 from libshift.shift.keys import RemoteKeys
 from libshift.shift.paths import PATHS, PRIMARY
@@ -284,6 +285,8 @@ class ShiftContext:
         path = self.path_of.get(event.device)
         if path is None or not (down or up):
             return
+        if path == PRIMARY and down:
+            steps.note(0, "nic_event")
         with self.lock:
             qps = set(self.qps.values())
         for qp in qps:  # the lock per QP: with a thousand QPs the first moves at once, not after the last

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from libshift.agent import AgentError
 from libshift.api.shift.v1 import common_pb2
-from libshift.shift import notify
+from libshift.shift import notify, steps
 from libshift.shift.cq import ShiftCQ
 from libshift.shift.detect import default_path_attr
 from libshift.shift.memory import ShiftPD
@@ -466,6 +466,7 @@ class ShiftQP:
     def _on_control(self, wc: WC, path: str) -> None:
         if wc.status == ST.IBV_WC_SUCCESS:
             if wc.wr_id == notify.NOTIFY_RECV and (path != self.current or not self._resumed):
+                steps.note(self.qp_num, "peer_count")
                 self._peer_count[path] = wc.imm_data
                 if path != self.current:
                     self._switch_to(path, "peer_notification")
@@ -559,6 +560,7 @@ class ShiftQP:
         if to == self.current or self.state not in (State.DEFAULT, State.FALLBACK) or not self.armed[to]:
             return
         started, left, resumed = time.monotonic(), self.current, self._resumed
+        steps.note(self.qp_num, "switch")
         self._fence_until = None  # the fence's held sends go with the rest, after the peer's count
         self._switching = True
         self.qps[left].to_err()  # nothing more lands on the old path: our receive count is final
@@ -567,6 +569,7 @@ class ShiftQP:
         if left != PRIMARY:
             self.ctx.drain(self.ctx.control_cqs[left], left)
         self._switching = False
+        steps.note(self.qp_num, "old_path_stopped")
         self.current, self.armed[left] = to, False
         self._peer_count[left] = None  # a count on the path left belongs to a handshake that is over
         self._requested = ""  # a re-arm request in flight may be lost with the path: ask again on resume
@@ -586,6 +589,7 @@ class ShiftQP:
         if not resumed:  # leaving a switch that never resumed: report the two as one move
             self._merge_switch(previous, to)
         notify.send_count(self.qps[to], self._targets[to], self.ledger.received)
+        steps.note(self.qp_num, "count_sent")
         log.info("QP %d: switching to the %s path (%s)", self.qp_num, to, reason)
         if self._peer_count[to] is not None:
             self._resume()
@@ -606,6 +610,7 @@ class ShiftQP:
         rewound = sum(entry.posted for entry in replay)  # posted before, on a path since stopped
         if replay:  # together: one lock and one socket write in the tcp provider, not one per WR
             self.qps[self.current].post_send_list([self._on_current_path(entry) for entry in replay])
+        steps.note(self.qp_num, "replay_posted")
         self._resumed = True
         self._deliver()
         reason, started, moved, left = self._switch
