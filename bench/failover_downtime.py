@@ -135,17 +135,11 @@ def main() -> int:
         for mode in modes:
             results[mode] = trials(lab, mode, args.trials, args.fault, args.steps)
     print(file=sys.stderr)
-    print_table({mode: result["samples"] for mode, result in results.items()}, args.fault)
+    samples = {mode: result["samples"] for mode, result in results.items()}
+    print_table(samples, args.fault)
     if args.steps:
         print_steps(results)
-    save(
-        args,
-        {
-            "fault": args.fault,
-            "trials": {mode: result["samples"] for mode, result in results.items()},
-            "steps": {mode: result["steps"] for mode, result in results.items()},
-        },
-    )
+    save(args, {"fault": args.fault, "trials": samples, "steps": {m: r["steps"] for m, r in results.items()}})
     return 0
 
 

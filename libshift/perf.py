@@ -247,6 +247,11 @@ def iterations(args: argparse.Namespace, test: str, size: int) -> int:
     return max(200, min(20000, BYTES_PER_SIZE // size))
 
 
+def device_address(ctx: Context) -> str:
+    """The device's IPv4 address, from its IPv4-mapped GID: where raw baselines listen."""
+    return ctx.query_gid().removeprefix("::ffff:")
+
+
 def device_socket(ctx: Context) -> socket.socket:
     """A plain TCP socket on the device's netdev and in its namespace, for control and raw baselines."""
     with in_netns(ctx.device.netns):
@@ -259,7 +264,7 @@ def device_socket(ctx: Context) -> socket.socket:
 def run(args: argparse.Namespace) -> list[Row]:
     find_device(args.device)  # a clear one-line error before anything else
     ctx = Context(name=args.device)
-    address = ctx.query_gid().removeprefix("::ffff:")
+    address = device_address(ctx)
     try:
         if args.address is None:
             listener = device_socket(ctx)
