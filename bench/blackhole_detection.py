@@ -20,8 +20,7 @@ import sys
 from failover_lab import Pair, arguments, blackhole, lab_for, progress, save, summary
 
 from libshift.shift.detect import default_path_attr
-from libshift.verbs import QPAttr
-from libshift.verbs.attrs import ack_deadline
+from libshift.verbs import QPAttr, ack_deadline
 from shiftd.lab import Lab
 
 TARGET_MS = 100.0

@@ -24,7 +24,7 @@ import grpc
 import grpc.experimental
 
 from libshift.api.shift.v1 import agent_pb2, agent_pb2_grpc, common_pb2
-from libshift.verbs.attrs import Endpoint
+from libshift.verbs import Endpoint
 
 log = logging.getLogger("libshift.agent")
 

@@ -8,13 +8,13 @@ where pyverbs or RDMA is missing, so discovery never fails for want of rdma-core
 from __future__ import annotations
 
 from libshift.providers import DeviceInfo, Provider
+from libshift.providers.tcp import TcpProvider
+from libshift.providers.verbs import VerbsProvider
+from libshift.vocabulary.errors import VerbsError
 
 
 def providers() -> list[Provider]:
     """Every provider this installation offers, in the order a device name is looked up."""
-    from libshift.providers.tcp import TcpProvider
-    from libshift.providers.verbs import VerbsProvider
-
     return [TcpProvider(), VerbsProvider()]
 
 
@@ -25,8 +25,6 @@ def get_device_list() -> list[DeviceInfo]:
 
 def find_device(name: str, provider: str | None = None) -> tuple[Provider, DeviceInfo]:
     """The provider and device called `name` (optionally only from the provider called `provider`)."""
-    from libshift.verbs.errors import VerbsError  # here: libshift.verbs imports this module at load time
-
     seen = []
     why_none = []
     for candidate in providers():

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from libshift.verbs.errors import VerbsError
+from libshift.vocabulary.errors import VerbsError
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/run/netns"

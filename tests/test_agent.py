@@ -8,7 +8,7 @@ from waiting import wait_until
 
 from libshift.agent import MAPPINGS_PER_CALL, Agent
 from libshift.api.shift.v1 import admin_pb2, common_pb2
-from libshift.verbs.attrs import Endpoint
+from libshift.verbs import Endpoint
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
 

@@ -38,7 +38,7 @@ HOLDER_QPN = 0x400000  # synthetic QPNs of the holders, far above the provider's
 HOLDER = r"""
 import json, sys
 from libshift.agent import Agent
-from libshift.verbs.attrs import Endpoint
+from libshift.verbs import Endpoint
 gid, backup_gid, base, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 agent = Agent.connect(name="holder")
 print(json.dumps({"ready": True}), flush=True)

@@ -32,9 +32,19 @@ from libshift.collectives.buffers import Buffers, Region
 from libshift.collectives.plan import Apply, Plan, Recv, Send
 from libshift.collectives.store import Store
 from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP
-from libshift.verbs import SGE, WC, Endpoint, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR, get_device_list
+from libshift.verbs import (
+    SGE,
+    WC,
+    Endpoint,
+    QPAttr,
+    QPCap,
+    QPInitAttr,
+    RecvWR,
+    SendWR,
+    VerbsError,
+    get_device_list,
+)
 from libshift.verbs import enums as e
-from libshift.verbs.errors import VerbsError
 
 log = logging.getLogger("libshift.collectives")
 CHUNK = 4 << 20  # bytes a message carries at most: one staging slot

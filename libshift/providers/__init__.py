@@ -2,7 +2,7 @@
 
 A provider moves the bytes (tcp: kernel TCP on one netdev; verbs: an RNIC through pyverbs). It knows nothing
 of failover; libshift.shift wraps the public verbs objects, which wrap these. Every method that can be refused
-raises libshift.verbs.errors.VerbsError with a one-line reason.
+raises libshift.vocabulary.errors.VerbsError with a one-line reason.
 """
 
 from __future__ import annotations
@@ -10,12 +10,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # annotations only: libshift.verbs imports this module, so no run-time import back
-    from libshift.verbs.attrs import Endpoint, QPAttr, QPCap
-    from libshift.verbs.enums import ibv_qp_state
-    from libshift.verbs.wr import WC, RecvWR, SendWR
+from libshift.vocabulary.attrs import Endpoint, QPAttr, QPCap
+from libshift.vocabulary.enums import ibv_qp_state
+from libshift.vocabulary.wr import WC, RecvWR, SendWR
 
 
 @dataclass(frozen=True)

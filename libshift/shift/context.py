@@ -25,8 +25,7 @@ from libshift.shift.inline import InlinePool
 from libshift.shift.keys import RemoteKeys
 from libshift.shift.paths import PATHS, PRIMARY
 from libshift.shift.policy import backup_count, backup_devices
-from libshift.verbs import CQ, CompChannel, Context
-from libshift.verbs.errors import VerbsError
+from libshift.verbs import CQ, CompChannel, Context, VerbsError
 
 if TYPE_CHECKING:
     from libshift.shift.cq import ShiftCQ

@@ -17,8 +17,7 @@ import dataclasses
 import math
 
 from libshift.shift.settings import env_int
-from libshift.verbs import QPAttr
-from libshift.verbs.attrs import ack_deadline
+from libshift.verbs import QPAttr, ack_deadline
 
 TIMEOUT = 12  # 16.8 ms per try ...
 RETRY_CNT = 3  # ... 4 tries: 67 ms from the last ack to the move

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 
 from libshift.agent import AgentError
 from libshift.shift.paths import PRIMARY
-from libshift.verbs import MR, PD
-from libshift.verbs.objects import Buffer
+from libshift.verbs import MR, PD, Buffer
 
 if TYPE_CHECKING:
     from libshift.shift.context import ShiftContext

@@ -29,9 +29,24 @@ from libshift.shift.memory import ShiftPD
 from libshift.shift.notify import Kind, Message
 from libshift.shift.paths import BACKUP, PRIMARY, depth
 from libshift.shift.rewind import REMOTE_KEYED, Entry, Ledger
-from libshift.verbs import MR, QP, SGE, WC, Endpoint, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
-from libshift.verbs.enums import ibv_access_flags, ibv_qp_state, ibv_send_flags, ibv_wc_status
-from libshift.verbs.errors import VerbsError, VerbsRDMAError
+from libshift.verbs import (
+    MR,
+    QP,
+    SGE,
+    WC,
+    Endpoint,
+    QPAttr,
+    QPCap,
+    QPInitAttr,
+    RecvWR,
+    SendWR,
+    VerbsError,
+    VerbsRDMAError,
+    ibv_access_flags,
+    ibv_qp_state,
+    ibv_send_flags,
+    ibv_wc_status,
+)
 
 if TYPE_CHECKING:
     from libshift.shift.context import ShiftContext

@@ -14,8 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from libshift.verbs.enums import ibv_send_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode
-from libshift.verbs.wr import WC, RecvWR, SendWR
+from libshift.verbs import WC, RecvWR, SendWR, ibv_send_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode
 
 if TYPE_CHECKING:
     from libshift.shift.inline import Slot

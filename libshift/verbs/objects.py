@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
 from libshift.device import find_device
 from libshift.providers import DeviceInfo, ProviderContext, ProviderCQ
-from libshift.verbs.attrs import Endpoint, QPAttr, QPCap, QPInitAttr
-from libshift.verbs.enums import ibv_qp_state, ibv_qp_type
-from libshift.verbs.errors import VerbsError, VerbsRDMAError
-from libshift.verbs.wr import WC, RecvWR, SendWR
+from libshift.vocabulary.attrs import Endpoint, QPAttr, QPCap
+from libshift.vocabulary.enums import ibv_qp_state, ibv_qp_type
+from libshift.vocabulary.errors import VerbsError, VerbsRDMAError
+from libshift.vocabulary.wr import WC, RecvWR, SendWR
 
 Buffer = Any  # collections.abc.Buffer from Python 3.12 on: anything memoryview() takes
 
@@ -164,6 +165,19 @@ class CQ(_Closable):
 
     def close(self) -> None:
         self.impl.close()
+
+
+@dataclass
+class QPInitAttr:
+    """How to create a QP (RC only): its CQs, its queue sizes, and whether every send is signaled.
+
+    It holds two CQ objects, so it stands here beside QP rather than in the vocabulary beneath."""
+
+    qp_type: ibv_qp_type = ibv_qp_type.IBV_QPT_RC
+    scq: CQ | None = None
+    rcq: CQ | None = None
+    cap: QPCap = field(default_factory=QPCap)
+    sq_sig_all: bool = False
 
 
 class QP(_Closable):

@@ -12,7 +12,7 @@ from libshift.providers import DeviceInfo, ProviderContext
 from libshift.providers.tcp.cq import TcpChannel, TcpCQ
 from libshift.providers.tcp.engine import Engine
 from libshift.providers.tcp.memory import TcpPD, random_key
-from libshift.verbs.errors import VerbsError
+from libshift.vocabulary.errors import VerbsError
 
 if TYPE_CHECKING:
     from libshift.providers.tcp.qp import TcpQP

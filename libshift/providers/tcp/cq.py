@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from libshift.providers import ProviderChannel, ProviderCQ
-from libshift.verbs.errors import CQOverflowError
-from libshift.verbs.wr import WC
+from libshift.vocabulary.errors import CQOverflowError
+from libshift.vocabulary.wr import WC
 
 if TYPE_CHECKING:
     from libshift.providers.tcp.engine import Engine

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from libshift.providers import DeviceInfo
-from libshift.verbs.errors import VerbsError
+from libshift.vocabulary.errors import VerbsError
 
 ENV_DEVICES = "SHIFT_TCP_DEVICES"
 ENV_CONFIG = "SHIFT_CONFIG"

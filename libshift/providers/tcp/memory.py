@@ -14,13 +14,13 @@ import secrets
 from typing import TYPE_CHECKING
 
 from libshift.providers import ProviderMR, ProviderPD
-from libshift.verbs.enums import ibv_access_flags
+from libshift.vocabulary.enums import ibv_access_flags
 
 if TYPE_CHECKING:
     from libshift.providers.tcp.context import TcpContext
     from libshift.providers.tcp.cq import TcpCQ
     from libshift.providers.tcp.qp import TcpQP
-    from libshift.verbs.attrs import QPCap
+    from libshift.vocabulary.attrs import QPCap
 
 LOCAL_WRITE = int(ibv_access_flags.IBV_ACCESS_LOCAL_WRITE)  # a plain int: IntFlag arithmetic is slow
 

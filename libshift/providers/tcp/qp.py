@@ -22,10 +22,10 @@ from libshift.providers.tcp import wire
 from libshift.providers.tcp.conn import Connection
 from libshift.providers.tcp.receiver import Responder
 from libshift.providers.tcp.sender import Outstanding, Requester
-from libshift.verbs.attrs import Endpoint, QPAttr, QPCap
-from libshift.verbs.enums import ibv_qp_state, ibv_wc_status
-from libshift.verbs.errors import VerbsError, VerbsRDMAError
-from libshift.verbs.wr import WC, RecvWR, SendWR
+from libshift.vocabulary.attrs import Endpoint, QPAttr, QPCap
+from libshift.vocabulary.enums import ibv_qp_state, ibv_wc_status
+from libshift.vocabulary.errors import VerbsError, VerbsRDMAError
+from libshift.vocabulary.wr import WC, RecvWR, SendWR
 
 if TYPE_CHECKING:
     from libshift.providers.tcp.cq import TcpCQ

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from libshift.providers.tcp import wire
 from libshift.providers.tcp.sender import ATOMIC_VALUE
-from libshift.verbs.enums import ibv_access_flags, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status
-from libshift.verbs.errors import VerbsRDMAError
-from libshift.verbs.wr import WC, RecvWR
+from libshift.vocabulary.enums import ibv_access_flags, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status
+from libshift.vocabulary.errors import VerbsRDMAError
+from libshift.vocabulary.wr import WC, RecvWR
 
 if TYPE_CHECKING:
     from libshift.providers.tcp.qp import TcpQP

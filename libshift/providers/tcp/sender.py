@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from libshift.providers.tcp import wire
 from libshift.providers.tcp.liveness import PathWatch
-from libshift.verbs.attrs import ack_deadline, retry_period
-from libshift.verbs.enums import ibv_send_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode
-from libshift.verbs.errors import VerbsRDMAError
-from libshift.verbs.wr import WC, SendWR
+from libshift.vocabulary.attrs import ack_deadline, retry_period
+from libshift.vocabulary.enums import ibv_send_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode
+from libshift.vocabulary.errors import VerbsRDMAError
+from libshift.vocabulary.wr import WC, SendWR
 
 if TYPE_CHECKING:
     from libshift.providers.tcp.qp import TcpQP

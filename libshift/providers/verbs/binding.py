@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 
-from libshift.verbs.errors import VerbsError, VerbsRDMAError
+from libshift.vocabulary.errors import VerbsError, VerbsRDMAError
 
 INSTALL_HINT = "install Debian's python3-pyverbs (make setup links it into the venv; see docs/hardware.md)"
 

@@ -23,9 +23,9 @@ from libshift.providers.verbs.events import AsyncEvent, Listener, Listeners, des
 from libshift.providers.verbs.gid import choose_gid, read_gid_table
 from libshift.providers.verbs.memory import VerbsPD
 from libshift.providers.verbs.qp import VerbsQP
-from libshift.verbs.enums import ibv_qp_state, ibv_wc_opcode
-from libshift.verbs.errors import VerbsError
-from libshift.verbs.wr import WC
+from libshift.vocabulary.enums import ibv_qp_state, ibv_wc_opcode
+from libshift.vocabulary.errors import VerbsError
+from libshift.vocabulary.wr import WC
 
 log = logging.getLogger("libshift.providers.verbs")
 PORT_ACTIVE = 4  # enum ibv_port_state

@@ -1,6 +1,6 @@
 """libshift's work requests, completions and QP attributes to and from pyverbs' objects.
 
-The enums of libshift.verbs carry ibverbs' values, so opcodes, flags and access bits pass as ints. Two
+The enums of libshift.vocabulary carry ibverbs' values, so opcodes, flags and access bits pass as ints. Two
 things do not pass as they are: immediate data is big-endian on the wire (ibverbs' __be32; libshift's
 imm_data is the host's number, as the tcp provider carries it), and pyverbs refuses a WR without SGEs,
 which ibverbs allows (a zero-length SEND), so such a WR is built with one SGE and num_sge set to 0.
@@ -14,10 +14,10 @@ from typing import Any
 
 from libshift.providers.verbs.binding import Pyverbs
 from libshift.providers.verbs.gid import exploded_gid
-from libshift.verbs.attrs import Endpoint, QPAttr
-from libshift.verbs.enums import ibv_qp_state, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode
-from libshift.verbs.errors import VerbsError, VerbsRDMAError
-from libshift.verbs.wr import SGE, WC, RecvWR, SendWR
+from libshift.vocabulary.attrs import Endpoint, QPAttr
+from libshift.vocabulary.enums import ibv_qp_state, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode
+from libshift.vocabulary.errors import VerbsError, VerbsRDMAError
+from libshift.vocabulary.wr import SGE, WC, RecvWR, SendWR
 
 ATOMICS = frozenset({ibv_wr_opcode.IBV_WR_ATOMIC_CMP_AND_SWP, ibv_wr_opcode.IBV_WR_ATOMIC_FETCH_AND_ADD})
 RDMA = frozenset(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from libshift.providers import ProviderChannel, ProviderCQ
 from libshift.providers.verbs import fds
 from libshift.providers.verbs.binding import load, mapped
-from libshift.verbs.wr import WC
+from libshift.vocabulary.wr import WC
 
 if TYPE_CHECKING:
     from libshift.providers.verbs.context import VerbsContext

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
-from libshift.verbs.errors import VerbsError
+from libshift.vocabulary.errors import VerbsError
 
 EVENT_FILE = "anon_inode:[infinibandevent]"
 _creating = threading.Lock()

@@ -13,7 +13,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from libshift.verbs.errors import VerbsError
+from libshift.vocabulary.errors import VerbsError
 
 ROCE_V2 = "RoCE v2"
 ETHERNET = "Ethernet"

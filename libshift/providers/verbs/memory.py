@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from libshift.providers.verbs.context import VerbsContext
     from libshift.providers.verbs.cq import VerbsCQ
     from libshift.providers.verbs.qp import VerbsQP
-    from libshift.verbs.attrs import QPCap
+    from libshift.vocabulary.attrs import QPCap
 
 
 def address_of(view: memoryview) -> int:

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from libshift.providers import ProviderQP
 from libshift.providers.verbs import convert
 from libshift.providers.verbs.binding import errno_of, load, mapped, rdma_error
-from libshift.verbs.attrs import Endpoint, QPAttr, QPCap
-from libshift.verbs.enums import ibv_qp_state, ibv_send_flags, ibv_wc_opcode, ibv_wr_opcode
-from libshift.verbs.errors import VerbsRDMAError
-from libshift.verbs.wr import WC, RecvWR, SendWR
+from libshift.vocabulary.attrs import Endpoint, QPAttr, QPCap
+from libshift.vocabulary.enums import ibv_qp_state, ibv_send_flags, ibv_wc_opcode, ibv_wr_opcode
+from libshift.vocabulary.errors import VerbsRDMAError
+from libshift.vocabulary.wr import WC, RecvWR, SendWR
 
 if TYPE_CHECKING:
     from libshift.providers.verbs.cq import VerbsCQ

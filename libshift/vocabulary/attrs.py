@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from libshift.verbs.enums import ibv_qp_state, ibv_qp_type
-
-if TYPE_CHECKING:  # the CQ type only; importing it at run time would be a cycle
-    from libshift.verbs.objects import CQ
+from libshift.vocabulary.enums import ibv_qp_state
 
 
 @dataclass(frozen=True)
@@ -44,17 +41,6 @@ class QPCap:
     max_send_sge: int = 16
     max_recv_sge: int = 16
     max_inline_data: int = 256
-
-
-@dataclass
-class QPInitAttr:
-    """How to create a QP (RC only): its CQs, its queue sizes, and whether every send is signaled."""
-
-    qp_type: ibv_qp_type = ibv_qp_type.IBV_QPT_RC
-    scq: CQ | None = None
-    rcq: CQ | None = None
-    cap: QPCap = field(default_factory=QPCap)
-    sq_sig_all: bool = False
 
 
 def retry_period(timeout: int) -> float | None:

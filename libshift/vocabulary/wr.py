@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from libshift.verbs.enums import ibv_send_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode
+from libshift.vocabulary.enums import ibv_send_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode
 
 
 @dataclass
