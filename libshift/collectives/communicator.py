@@ -13,14 +13,15 @@ from types import TracebackType
 import numpy as np
 
 from libshift.collectives import ops, plan
+from libshift.collectives.device import pick_device
 from libshift.collectives.ops import ReduceOp
-from libshift.collectives.ring import CHUNK, CollectiveError, Ring, default_device
+from libshift.collectives.ring import CHUNK, CollectiveError, Ring
 from libshift.collectives.store import Store
 
 
 class Communicator:
     """`Communicator(store, rank, world_size)`: every rank makes one, then all call the same collectives in
-    the same order. `device` is the NIC (default: SHIFT_DEVICE, else the first device); store keys live
+    the same order. `device` is the NIC (default: pick_device(), see device.py); store keys live
     under `prefix`; `timeout` bounds the wait for the ring to make any progress."""
 
     def __init__(
@@ -42,7 +43,7 @@ class Communicator:
         self._closed = False
         self._failed: str | None = None  # why an earlier collective failed: the ring's state is unknown
         if world_size > 1:
-            self._ring = Ring(store, rank, world_size, device or default_device(), prefix, timeout)
+            self._ring = Ring(store, rank, world_size, device or pick_device(), prefix, timeout)
 
     @property
     def resilient(self) -> bool:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import struct
 import time
 from collections import deque
@@ -42,7 +41,6 @@ from libshift.verbs import (
     RecvWR,
     SendWR,
     VerbsError,
-    get_device_list,
 )
 from libshift.verbs import enums as e
 
@@ -66,16 +64,6 @@ SIGNALED = e.IBV_SEND_SIGNALED
 
 class CollectiveError(RuntimeError):
     """The ring failed under a collective (a work request failed, or no progress within the timeout)."""
-
-
-def default_device() -> str:
-    name = os.environ.get("SHIFT_DEVICE")
-    if name:
-        return name
-    devices = get_device_list()
-    if not devices:
-        raise ValueError("no RDMA device found (set SHIFT_TCP_DEVICES, or pass device=)")
-    return devices[0].name
 
 
 class Ring:

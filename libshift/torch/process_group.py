@@ -15,9 +15,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from libshift.collectives import Communicator, ReduceOp
+from libshift.collectives import Communicator, ReduceOp, pick_device
 from libshift.torch import BACKEND
-from libshift.torch.device import pick_device
 from libshift.torch.work import SerialRunner, ShiftWork
 
 SUPPORTED = ", ".join(
@@ -54,7 +53,7 @@ def unsupported(call: str) -> NotImplementedError:
 
 
 class ShiftProcessGroup(dist.ProcessGroup):
-    """One torch process group: a ring of QPs on this rank's NIC (see device.py), failover beneath it."""
+    """One torch process group: a ring of QPs on this rank's NIC (pick_device), failover beneath it."""
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
         super().__init__(rank, world_size)

@@ -1,7 +1,10 @@
-"""Which NIC a rank uses: one rail per local rank, as NCCL picks on rail-optimized hosts.
+"""Which NIC a rank uses, for the Communicator and the torch backend alike: one rail per local rank, as NCCL
+picks on rail-optimized hosts.
 
-On such hosts GPU i sits next to NIC i, so the rank with local rank i (torchrun's LOCAL_RANK) takes the host's
-i-th device, wrapping around when there are more ranks than NICs. SHIFT_DEVICE names the device instead.
+On such hosts GPU i sits next to NIC i, so the rank with local rank i (torchrun's LOCAL_RANK, 0 without it)
+takes the host's i-th device in natural order, wrapping around when there are more ranks than NICs.
+SHIFT_DEVICE names the device instead. It lives here, not in libshift.device, because the natural order is
+the failover policy's (libshift.shift.policy), which device lookup stands beneath.
 """
 
 from __future__ import annotations
@@ -9,8 +12,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from libshift.device import get_device_list
 from libshift.shift.policy import _natural
+from libshift.verbs import get_device_list
 
 ENV_DEVICE = "SHIFT_DEVICE"
 ENV_LOCAL_RANK = "LOCAL_RANK"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from libshift.torch.device import pick_device
+from libshift.collectives.device import pick_device
 
 
 @pytest.fixture
