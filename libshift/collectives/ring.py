@@ -31,17 +31,7 @@ from libshift.collectives.buffers import Buffers, Region
 from libshift.collectives.plan import Apply, Plan, Recv, Send
 from libshift.collectives.store import Store
 from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP
-from libshift.verbs import (
-    SGE,
-    WC,
-    Endpoint,
-    QPAttr,
-    QPCap,
-    QPInitAttr,
-    RecvWR,
-    SendWR,
-    VerbsError,
-)
+from libshift.verbs import SGE, WC, Endpoint, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR, VerbsError
 from libshift.verbs import enums as e
 
 log = logging.getLogger("libshift.collectives")
