@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from libshift.device import find_device
-from libshift.netns import in_netns
+from libshift.netns import NetnsError, in_netns
 from libshift.verbs import (
     CQ,
     MR,
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         rows = run(args)
-    except (VerbsError, OSError, ConnectionError) as exc:
+    except (VerbsError, NetnsError, OSError, ConnectionError) as exc:
         print(f"shift-perf: {exc}", file=sys.stderr)
         return 1
     if args.address is not None:

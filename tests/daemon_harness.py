@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 
 from libshift.api.shift.v1 import admin_pb2_grpc, agent_pb2_grpc
-from shiftd.etcdproc import free_port
+from shiftlab.etcdproc import free_port
 
 
 def toml_value(value) -> str:
