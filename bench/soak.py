@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from libshift.agent import Agent
+from libshift.gid import gid_of_ipv4
 from libshift.shift import ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP
 from libshift.verbs import SGE, WC, Endpoint, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
 from libshift.verbs import enums as e
-from shiftd.gid import gid_of_ipv4
 from shiftlab import netns
 from shiftlab.etcdproc import EtcdError
 from shiftlab.fabric import FabricError

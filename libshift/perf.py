@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from libshift.device import find_device
+from libshift.gid import ipv4_of_gid
 from libshift.netns import NetnsError, in_netns
 from libshift.verbs import (
     CQ,
@@ -249,7 +250,7 @@ def iterations(args: argparse.Namespace, test: str, size: int) -> int:
 
 def device_address(ctx: Context) -> str:
     """The device's IPv4 address, from its IPv4-mapped GID: where raw baselines listen."""
-    return ctx.query_gid().removeprefix("::ffff:")
+    return ipv4_of_gid(ctx.query_gid())
 
 
 def device_socket(ctx: Context) -> socket.socket:

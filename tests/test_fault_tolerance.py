@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from waiting import wait_until
 
-from shiftd.gid import gid_of_ipv4
+from libshift.gid import gid_of_ipv4
 from shiftlab import netns
 from shiftlab.lab import Lab
 from shiftlab.labproc import LabProcess

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from libshift.gid import gid_of_ipv4
 from libshift.netns import NetnsError, in_netns
 from libshift.providers import DeviceInfo, ProviderContext
 from libshift.providers.tcp.cq import TcpChannel, TcpCQ
@@ -54,7 +55,7 @@ class TcpContext(ProviderContext):
         self._keys: set[int] = set()
 
     def gid(self) -> str:
-        return f"::ffff:{self.address}"
+        return gid_of_ipv4(self.address)
 
     def new_socket(self) -> socket.socket:
         """A TCP socket in the device's namespace, bound to its netdev (SO_BINDTODEVICE) and address."""
