@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def proc_stat(pid: int) -> tuple[str, int] | None:
@@ -53,3 +55,15 @@ def stop(pids: Sequence[Pid], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while any(p.alive() for p in live) and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def end(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+    """Signal a child of ours, SIGKILL it if it outlives `timeout`, reap it; its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
