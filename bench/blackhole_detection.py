@@ -21,7 +21,7 @@ from failover_lab import Pair, arguments, blackhole, lab_for, progress, save, su
 
 from libshift.shift.detect import default_path_attr
 from libshift.verbs import QPAttr, ack_deadline
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 TARGET_MS = 100.0
 DEFAULT = (QPAttr.timeout, QPAttr.retry_cnt)

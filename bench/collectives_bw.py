@@ -41,7 +41,7 @@ from libshift.perf import BYTES_PER_SIZE as PERF_BYTES
 from libshift.perf import RAW_CHUNK, Row, Side, client_bw, device_address, device_socket
 from libshift.verbs import Context, Endpoint, QPAttr
 from libshift.verbs import enums as e
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 TARGET = (64 << 20, 0.7)

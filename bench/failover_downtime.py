@@ -25,7 +25,7 @@ from typing import Any
 from failover_lab import Pair, arguments, lab_for, progress, save, summary, switch_port
 from nic_event_latency import set_link
 
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 TARGET_MS = 1.0
 

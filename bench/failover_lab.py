@@ -23,11 +23,11 @@ from typing import Any
 
 from nic_event_latency import percentile, set_link
 
-from shiftd import netns
-from shiftd.etcdproc import EtcdError
-from shiftd.fabric import FabricError
-from shiftd.lab import Lab, LabError
-from shiftd.labproc import LabProcess, LabProcessError
+from shiftlab import netns
+from shiftlab.etcdproc import EtcdError
+from shiftlab.fabric import FabricError
+from shiftlab.lab import Lab, LabError
+from shiftlab.labproc import LabProcess, LabProcessError
 
 PEER = str(Path(__file__).with_name("failover_peer.py"))
 OUT = Path(__file__).with_name("out")

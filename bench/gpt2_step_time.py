@@ -27,7 +27,7 @@ import report  # noqa: E402
 import scenario  # noqa: E402
 from job import JobSpec  # noqa: E402
 
-from shiftd.lab import Lab  # noqa: E402
+from shiftlab.lab import Lab  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 WARMUP = 5

@@ -20,7 +20,7 @@ from typing import Any
 
 from failover_lab import Pair, arguments, lab_for, progress, save, summary, switch_port
 
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 STREAM = ("--mode", "write", "--size", "4096", "--window", "1")
 

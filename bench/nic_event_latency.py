@@ -30,8 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-from shiftd import netns
-from shiftd.lab import Lab
+from shiftlab import netns
+from shiftlab.lab import Lab
 
 SUBSCRIBER = """
 import sys, time

@@ -18,8 +18,8 @@ import subprocess
 import sys
 import time
 
-from libshift.netns import VethPair
 from libshift.perf import Row, table
+from shiftlab.veth import VethPair
 
 RUNS = [("write_bw", 65536), ("write_bw", 1 << 20), ("send_bw", 65536), ("send_bw", 1 << 20)]
 RUNS += [("read_bw", 65536), ("read_bw", 1 << 20), ("send_lat", 8)]

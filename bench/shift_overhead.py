@@ -19,7 +19,7 @@ import sys
 
 from failover_lab import Pair, arguments, lab_for, progress, save
 
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 STACKS = ("plain", "shift")
 TARGETS = {"bandwidth": (">=", 0.97), "latency": ("<=", 1.05)}

@@ -33,15 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from libshift.agent import Agent
+from libshift.gid import gid_of_ipv4
 from libshift.shift import ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP
 from libshift.verbs import SGE, WC, Endpoint, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
 from libshift.verbs import enums as e
-from shiftd import netns
-from shiftd.etcdproc import EtcdError
-from shiftd.fabric import FabricError
-from shiftd.gid import gid_of_ipv4
-from shiftd.lab import Lab, LabError
-from shiftd.labproc import LabProcess, LabProcessError
+from shiftlab import netns
+from shiftlab.etcdproc import EtcdError
+from shiftlab.fabric import FabricError
+from shiftlab.lab import Lab, LabError
+from shiftlab.labproc import LabProcess, LabProcessError
 
 SYNTHETIC_QPN = 0x400000  # the synthetic mappings' QPNs start here, far above the provider's own
 SIZE = 256  # bytes a message

@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from libshift.device import find_device
-from libshift.netns import in_netns
+from libshift.gid import ipv4_of_gid
+from libshift.netns import NetnsError, in_netns
 from libshift.verbs import (
     CQ,
     MR,
@@ -249,7 +250,7 @@ def iterations(args: argparse.Namespace, test: str, size: int) -> int:
 
 def device_address(ctx: Context) -> str:
     """The device's IPv4 address, from its IPv4-mapped GID: where raw baselines listen."""
-    return ctx.query_gid().removeprefix("::ffff:")
+    return ipv4_of_gid(ctx.query_gid())
 
 
 def device_socket(ctx: Context) -> socket.socket:
@@ -365,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         rows = run(args)
-    except (VerbsError, OSError, ConnectionError) as exc:
+    except (VerbsError, NetnsError, OSError, ConnectionError) as exc:
         print(f"shift-perf: {exc}", file=sys.stderr)
         return 1
     if args.address is not None:

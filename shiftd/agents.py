@@ -18,7 +18,7 @@ from typing import Protocol
 from google.protobuf import json_format
 
 from libshift.api.shift.v1 import common_pb2
-from shiftd.gid import canonical_gid
+from libshift.gid import canonical_gid
 from shiftd.peercred import PeerCred
 
 MAX_MAPPINGS_PER_CALL = 4096

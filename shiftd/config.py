@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from libshift.devicetable import DeviceTableError, parse_table
+
 DEFAULT_PATH = Path("/etc/shift/shiftd.toml")
-NETDEV_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
-DEVICE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -324,15 +324,7 @@ def _host(value: Any) -> str:
 
 
 def _devices(value: Any) -> dict[str, str]:
-    if not isinstance(value, dict):
-        raise ConfigError('devices: must be a table of device = "netdev"')
-    devices: dict[str, str] = {}
-    for device, netdev in value.items():
-        if not DEVICE_RE.fullmatch(device):
-            raise ConfigError(f"devices.{device}: not a valid device name")
-        if not isinstance(netdev, str) or not NETDEV_RE.fullmatch(netdev):
-            raise ConfigError(f"devices.{device}: {netdev!r} is not a valid network interface name")
-        if netdev in devices.values():
-            raise ConfigError(f"devices.{device}: netdev {netdev!r} is already used by another device")
-        devices[device] = netdev
-    return devices
+    try:
+        return {entry.name: entry.netdev for entry in parse_table(value)}
+    except DeviceTableError as exc:
+        raise ConfigError(str(exc)) from None

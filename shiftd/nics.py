@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from libshift.api.shift.v1 import common_pb2
-from shiftd.gid import gid_of_ipv4
+from libshift.gid import gid_of_ipv4
 from shiftd.health import NicHealth, Transition
 from shiftd.nic import DeviceChange, FaultMode, LinkStatus, NicSpec, PortStatus
 

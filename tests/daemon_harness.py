@@ -14,7 +14,8 @@ from pathlib import Path
 import grpc
 
 from libshift.api.shift.v1 import admin_pb2_grpc, agent_pb2_grpc
-from shiftd.etcdproc import free_port
+from shiftlab.etcdproc import free_port
+from shiftlab.pids import end
 
 
 def toml_value(value) -> str:
@@ -90,14 +91,7 @@ class DaemonProcess:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        code, self.proc = self.proc.returncode, None
+        code, self.proc = end(self.proc, sig, timeout), None
         return code
 
     def log(self) -> str:

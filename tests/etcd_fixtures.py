@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shiftd.etcdproc import EtcdProcess
+from shiftlab.etcdproc import EtcdProcess
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """Test helpers for network namespaces: create one, and run an asyncio loop inside it.
 
-The loop's thread enters the namespace (shiftd.netns.entered, setns(2) through ctypes), so
+The loop's thread enters the namespace (shiftlab.netns.entered, setns(2) through ctypes), so
 every socket it opens (netlink, uevent) belongs to that namespace: that is how the monitors
 are tested against real links without touching the host's interfaces.
 """
@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shiftd.netns import NetnsError
-from shiftd.netns import entered as netns_entered
+from shiftlab.netns import NetnsError
+from shiftlab.netns import entered as netns_entered
 
 _names = itertools.count()
 

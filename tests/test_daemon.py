@@ -20,7 +20,7 @@ from daemon_harness import DaemonProcess
 from waiting import wait_until
 
 from libshift.api.shift.v1 import admin_pb2, agent_pb2, common_pb2
-from shiftd.etcdproc import EtcdProcess
+from shiftlab.etcdproc import EtcdProcess
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
 

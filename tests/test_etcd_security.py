@@ -26,9 +26,9 @@ from daemon_harness import DaemonProcess
 from waiting import wait_until
 
 from libshift.api.shift.v1 import agent_pb2, common_pb2
-from shiftd.etcdproc import EtcdError, EtcdProcess, EtcdTLS, free_port
 from shiftd.registry import Registry, RegistryUnavailable
 from shiftd.registry_auth import EtcdSecurity
+from shiftlab.etcdproc import EtcdError, EtcdProcess, EtcdTLS, free_port
 
 pytestmark = pytest.mark.timeout(60)
 ROOT_PASSWORD = "root-secret"

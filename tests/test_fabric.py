@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 from pyroute2 import IPRoute
 
-from shiftd import fabric, netns
-from shiftd.fabric import FabricError, Shape
+from shiftlab import fabric, netns
+from shiftlab.fabric import FabricError, Shape
 
 pytestmark = pytest.mark.lab
 

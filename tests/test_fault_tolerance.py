@@ -25,10 +25,11 @@ from typing import Any
 import pytest
 from waiting import wait_until
 
-from shiftd import netns
-from shiftd.gid import gid_of_ipv4
-from shiftd.lab import Lab, Pid
-from shiftd.labproc import LabProcess
+from libshift.gid import gid_of_ipv4
+from shiftlab import netns
+from shiftlab.lab import Lab
+from shiftlab.labproc import LabProcess
+from shiftlab.pids import Pid
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
 

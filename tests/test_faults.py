@@ -14,9 +14,9 @@ import pytest
 from nsutil import NetnsLoop, netns
 from pyroute2 import IPRoute
 
-from shiftd import fabric
 from shiftd.faults import FaultError, FaultInjector
 from shiftd.nic import FaultMode
+from shiftlab import fabric
 
 pytestmark = pytest.mark.lab
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libshift.api.shift.v1 import admin_pb2, agent_pb2, common_pb2
-from shiftd.etcdproc import EtcdProcess
+from shiftlab.etcdproc import EtcdProcess
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
 

@@ -22,12 +22,15 @@ from typing import Any
 import pytest
 from pyroute2 import IPRoute
 
-from shiftd import config, fabric, netns
-from shiftd.lab import RUN_ROOT, SHIFTD_ENV, Lab, LabError
+from shiftd import config
+from shiftlab import fabric, netns
+from shiftlab.lab import RUN_ROOT, SHIFTD_ENV, Lab, LabError
 
 pytestmark = pytest.mark.lab
 
-SHIFT_LAB = str(Path(sys.executable).parent / "shift-lab")
+# the module behind the `shift-lab` script (test_entry_points checks the script names it): this runs the
+# tree under test, even where the installed script is older
+SHIFT_LAB = [sys.executable, "-m", "shiftlab.cli"]
 _labs = itertools.count()
 
 STANDIN = r'''
@@ -77,7 +80,7 @@ def cli(*args: str, standin: list[str] | None = None) -> subprocess.CompletedPro
     if standin:
         env[SHIFTD_ENV] = shlex.join(standin)
     return subprocess.run(
-        [SHIFT_LAB, *args], capture_output=True, text=True, env=env, timeout=90, check=False
+        [*SHIFT_LAB, *args], capture_output=True, text=True, env=env, timeout=90, check=False
     )
 
 
@@ -280,7 +283,7 @@ def test_down_removes_everything_and_is_safe_twice(lab_name: str, standin: list[
 def test_down_kills_a_daemon_that_ignores_sigterm(
     lab_name: str, standin: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("shiftd.lab.STOP_TIMEOUT", 0.5)
+    monkeypatch.setattr("shiftlab.lab.STOP_TIMEOUT", 0.5)
     lab = Lab(lab_name, hosts=1, nics=1, shiftd_cmd=[*standin, "--ignore-term"])
     lab.up()
     supervisor, daemon = state(lab)["pids"]["h0"]["pid"], lab.daemon("h0")
@@ -345,9 +348,9 @@ def test_bad_input_gives_one_line(args: list[str], message: str | None) -> None:
 def test_up_without_root_is_one_line() -> None:
     """Imports happen as root (the interpreter lives under /root); main() then runs as nobody."""
     code = (
-        "import os, sys; from shiftd import lab; "
+        "import os, sys; from shiftlab import cli; "
         "os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534); "
-        "sys.exit(lab.main(['up', '--name', 'lbcnoroot']))"
+        "sys.exit(cli.main(['up', '--name', 'lbcnoroot']))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False

@@ -20,7 +20,7 @@ from labs import running_lab
 from waiting import wait_until
 
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, common_pb2
-from shiftd import fabric, netns
+from shiftlab import fabric, netns
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(180)]
 

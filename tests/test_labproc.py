@@ -1,4 +1,4 @@
-"""shiftd.labproc on a real lab host: a tiny JSON-lines program in the namespace of a 1-host lab ("jl")."""
+"""shiftlab.labproc on a real lab host: a tiny JSON-lines program in the namespace of a 1-host lab ("jl")."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from labs import running_lab
 
-from shiftd.lab import Lab
-from shiftd.labproc import LabProcess, LabProcessError
+from shiftlab.lab import Lab
+from shiftlab.labproc import LabProcess, LabProcessError
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
 

@@ -18,8 +18,8 @@ from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import IFF_LOWER_UP, IFF_UP, ifinfmsg
 
 from shiftd.monitors.netlink import AddrMsg, LinkMsg, NetlinkMonitor, decode
-from shiftd.netns import run as netns_run
 from shiftd.nic import LinkStatus
+from shiftlab.netns import run as netns_run
 
 NIC, PEER = "mna0", "mnb0"  # inside the test's namespace only
 

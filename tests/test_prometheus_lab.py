@@ -22,8 +22,8 @@ import pytest
 import yaml
 from waiting import wait_until
 
-from shiftd import netns
-from shiftd.lab import METRICS_PORT, Lab
+from shiftlab import netns
+from shiftlab.lab import METRICS_PORT, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(180)]
 

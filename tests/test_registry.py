@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from shiftd.etcdproc import EtcdProcess, free_port
 from shiftd.registry import Registry, RegistryUnavailable, WatchEvent
+from shiftlab.etcdproc import EtcdProcess, free_port
 
 pytestmark = pytest.mark.timeout(60)
 PREFIX = "/shift/v1/"

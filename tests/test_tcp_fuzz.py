@@ -16,10 +16,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from veth_contexts import veth_contexts
 
-from libshift.netns import VethPair, in_netns
+from libshift.netns import in_netns
 from libshift.providers.tcp import wire
 from libshift.verbs import CQ, MR, PD, QP, SGE, Context, Endpoint, QPAttr, QPInitAttr, RecvWR, SendWR
 from libshift.verbs import enums as e
+from shiftlab.veth import VethPair
 
 pytestmark = pytest.mark.lab
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from libshift.device import find_device, get_device_list
+from libshift.gid import canonical_gid
 from libshift.providers.verbs import VerbsProvider, binding, convert, fds
 from libshift.providers.verbs.events import (
     MEANINGS,
@@ -29,7 +30,7 @@ from libshift.providers.verbs.events import (
     describe,
     meaning_of,
 )
-from libshift.providers.verbs.gid import GidEntry, choose_gid, format_gid, read_gid_table
+from libshift.providers.verbs.gid import GidEntry, choose_gid, read_gid_table
 from libshift.verbs import SGE, Endpoint, QPAttr, RecvWR, SendWR, VerbsError, VerbsRDMAError
 from libshift.verbs import enums as e
 
@@ -163,7 +164,7 @@ def test_gid_index_is_chosen_again_after_the_table_moves(tmp_path):
     ],
 )
 def test_roce_ranking(entries, expected):
-    table = [GidEntry(i, format_gid(gid), kind, "eth0") for i, gid, kind in entries]
+    table = [GidEntry(i, canonical_gid(gid), kind, "eth0") for i, gid, kind in entries]
     assert choose_gid(table, "Ethernet", "eth0").index == expected
 
 

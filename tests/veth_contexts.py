@@ -11,8 +11,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from libshift.netns import VethPair
 from libshift.verbs import Context
+from shiftlab.veth import VethPair
 
 
 @contextmanager

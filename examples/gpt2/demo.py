@@ -23,10 +23,10 @@ from job import JobSpec
 from model import PRESETS
 from records import ShiftctlError
 
-from shiftd.etcdproc import EtcdError
-from shiftd.fabric import FabricError
-from shiftd.lab import Lab, LabError
-from shiftd.netns import NetnsError
+from shiftlab.etcdproc import EtcdError
+from shiftlab.fabric import FabricError
+from shiftlab.lab import Lab, LabError
+from shiftlab.netns import NetnsError
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shiftd import fabric
-from shiftd.lab import Lab
+from shiftlab import fabric
+from shiftlab.lab import Lab
 
 TRAIN = Path(__file__).with_name("train.py")
 MASTER_PORT = 29500

@@ -19,7 +19,7 @@ import grpc
 
 from libshift.api.shift.v1 import admin_pb2
 from shiftd.ctl import MODES, Client, state_name
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 CTL_TIMEOUT = 60.0
 

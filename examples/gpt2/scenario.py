@@ -21,7 +21,7 @@ from typing import Any
 import records
 from job import Job, JobSpec
 
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 SWITCH_TIMEOUT = 60.0  # for shiftd to count a failover or failback before the job gives up on it
 PROGRESS_EVERY = 2.0

@@ -20,7 +20,7 @@ from cases import all_reduce as reference_all_reduce
 from labs import running_lab
 
 from libshift.collectives import ReduceOp
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
 

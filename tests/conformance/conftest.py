@@ -25,7 +25,7 @@ from labs import running_lab
 
 from libshift.verbs import CQ, MR, PD, QP, WC, CompChannel, Context, QPAttr, QPCap, QPInitAttr
 from libshift.verbs import enums as e
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 PROVIDER = os.environ.get("SHIFT_TEST_PROVIDER", "tcp")
 ALL_ACCESS = e.ALL_ACCESS

@@ -10,7 +10,7 @@ import report
 import scenario
 from job import JobSpec
 
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 # a tiny model and few steps: seconds of training; "direct" spares a torch import per host (job.py)
 SPEC = JobSpec(backend="shift", model="tiny", steps=24, batch=4, launcher="direct")

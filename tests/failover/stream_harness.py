@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from libshift.providers.tcp import wire
 from shiftd.ctl import MODES, Client
-from shiftd.lab import Lab
-from shiftd.labproc import LabProcess
+from shiftlab.lab import Lab
+from shiftlab.labproc import LabProcess
 
 PEER = str(Path(__file__).with_name("peer.py"))
 HOSTS = ("h0", "h1")

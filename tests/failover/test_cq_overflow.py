@@ -22,7 +22,7 @@ from waiting import wait_until
 from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP, State
 from libshift.verbs import CQ, MR, PD, QP, CompChannel, Context, CQOverflowError, QPAttr, QPInitAttr, SendWR
 from libshift.verbs import enums as e
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
 

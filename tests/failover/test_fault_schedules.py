@@ -27,7 +27,7 @@ from stream_harness import (
     wait_nic_state,
 )
 
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(400)]
 

@@ -21,7 +21,7 @@ from waiting import wait_until
 from libshift.shift import ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP, State
 from libshift.verbs import SGE, WC, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR, VerbsRDMAError
 from libshift.verbs import enums as e
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
 

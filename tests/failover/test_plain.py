@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from libshift.netns import VethPair
 from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP, State
 from libshift.verbs import SGE, QPAttr, QPInitAttr, RecvWR, SendWR, VerbsRDMAError
 from libshift.verbs import enums as e
+from shiftlab.veth import VethPair
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(60)]
 ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE

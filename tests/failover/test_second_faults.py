@@ -33,7 +33,7 @@ from stream_harness import (
 )
 
 from libshift.providers.tcp import wire
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
 

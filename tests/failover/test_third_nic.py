@@ -34,7 +34,7 @@ from stream_harness import (
 )
 
 from libshift.api.shift.v1 import common_pb2
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
 

@@ -17,7 +17,7 @@ import pytest
 from labs import running_lab
 from torchrun_harness import SCRIPT, TORCHRUN, TorchRun, by_rank
 
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(400)]
 

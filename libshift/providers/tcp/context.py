@@ -5,9 +5,12 @@ from __future__ import annotations
 import fcntl
 import socket
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from libshift.netns import in_netns
+from libshift.gid import gid_of_ipv4
+from libshift.netns import NetnsError, in_netns
 from libshift.providers import DeviceInfo, ProviderContext
 from libshift.providers.tcp.cq import TcpChannel, TcpCQ
 from libshift.providers.tcp.engine import Engine
@@ -20,9 +23,19 @@ if TYPE_CHECKING:
 SIOCGIFADDR = 0x8915
 
 
+@contextmanager
+def device_netns(netns: str | None) -> Iterator[None]:
+    """`in_netns` for a device's `@netns`: a missing namespace is a verbs error, as for any bad device."""
+    try:
+        with in_netns(netns):
+            yield
+    except NetnsError as exc:
+        raise VerbsError(str(exc)) from None
+
+
 def netdev_ipv4(netdev: str, netns: str | None) -> str:
     """The IPv4 address of `netdev`, looked up inside the device's namespace."""
-    with in_netns(netns), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+    with device_netns(netns), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         try:
             reply = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", netdev.encode()[:15]))
         except OSError as exc:
@@ -42,11 +55,11 @@ class TcpContext(ProviderContext):
         self._keys: set[int] = set()
 
     def gid(self) -> str:
-        return f"::ffff:{self.address}"
+        return gid_of_ipv4(self.address)
 
     def new_socket(self) -> socket.socket:
         """A TCP socket in the device's namespace, bound to its netdev (SO_BINDTODEVICE) and address."""
-        with in_netns(self.device.netns):
+        with device_netns(self.device.netns):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, self.device.netdev.encode())

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from libshift.gid import ipv4_of_gid
 from libshift.providers import ProviderQP
 from libshift.providers.tcp import wire
 from libshift.providers.tcp.conn import Connection
@@ -42,17 +43,6 @@ TRANSITIONS = {
 RECV_STATES = {S.IBV_QPS_INIT, S.IBV_QPS_RTR, S.IBV_QPS_RTS}
 ACK_BATCH = 16  # executed requests after which an ACK goes out at once
 ACK_DELAY = 200e-6  # otherwise the longest an ACK waits for a request to ride on
-
-
-def ipv4_of_gid(gid: str) -> str:
-    """The IPv4 address inside an IPv4-mapped IPv6 GID (`::ffff:198.18.0.10`)."""
-    try:
-        mapped = ipaddress.IPv6Address(gid).ipv4_mapped
-    except ValueError:
-        mapped = None
-    if mapped is None:
-        raise VerbsError(f"GID {gid!r} is not an IPv4-mapped IPv6 address")
-    return str(mapped)
 
 
 class TcpQP(ProviderQP):
@@ -132,7 +122,10 @@ class TcpQP(ProviderQP):
         dest = attr.dest
         if dest is None or dest.provider != "tcp" or "port" not in dest.provider_data:
             raise VerbsError(f"QP {self.qp_num}: to_rtr needs the peer's tcp Endpoint in attr.dest")
-        remote_ip = ipv4_of_gid(dest.gid)
+        try:
+            remote_ip = ipv4_of_gid(dest.gid)
+        except ValueError as exc:
+            raise VerbsError(str(exc)) from None
         self.remote = dest
         self.min_rnr_timer = attr.min_rnr_timer
         self.responder.start(dest.psn if attr.rq_psn is None else attr.rq_psn)

@@ -13,6 +13,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+from libshift.gid import canonical_gid
 from libshift.vocabulary.errors import VerbsError
 
 ROCE_V2 = "RoCE v2"
@@ -29,13 +30,6 @@ class GidEntry:
     @property
     def address(self) -> ipaddress.IPv6Address:
         return ipaddress.IPv6Address(self.gid)
-
-
-def format_gid(text: str) -> str:
-    """One spelling for a GID, whatever wrote it (sysfs and pyverbs write eight 4-digit groups)."""
-    address = ipaddress.IPv6Address(text.strip())
-    mapped = address.ipv4_mapped
-    return f"::ffff:{mapped}" if mapped is not None else address.compressed
 
 
 def exploded_gid(gid: str) -> str:
@@ -64,7 +58,7 @@ def read_gid_table(sysfs_root: Path, device: str, port: int) -> list[GidEntry]:
         if not gid_type:
             continue  # vanished between the two reads
         netdev = read_attr(base / "gid_attrs" / "ndevs" / str(index))
-        entries.append(GidEntry(index, format_gid(raw), gid_type, netdev))
+        entries.append(GidEntry(index, canonical_gid(raw), gid_type, netdev))
     return entries
 
 

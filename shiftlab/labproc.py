@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from shiftd.lab import Lab
+from shiftlab.lab import Lab
 
 STDERR_TAIL = 6000  # characters of stderr a failure message shows
 _ENDED = ""  # what the pump queues at the end of stdout: a real line always has its "\n"

@@ -21,7 +21,7 @@ from pyroute2 import IPRoute
 from pyroute2 import netns as pyroute2_netns
 from pyroute2.netlink.exceptions import NetlinkError
 
-from shiftd import netns
+from shiftlab import netns
 
 BRIDGE = "br0"
 MGMT_NETDEV = "mgmt0"

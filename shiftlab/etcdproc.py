@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shiftlab.pids import end
+
 
 class EtcdError(RuntimeError):
     pass
@@ -163,15 +165,8 @@ class EtcdProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
         """End this member (only the process this object started) and reap it."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            end(self.proc, sig, timeout)
         self.proc = None
 
     def kill(self) -> None:

@@ -11,7 +11,7 @@ follows after --stop-timeout, and the child dies with the supervisor (PR_SET_PDE
 service's cgroup would. The child's PID, restarts and last exit go to --state (JSON), rewritten
 atomically, for `shift-lab status` and the tests.
 
-    python -m shiftd.supervise --state FILE [--restart-sec S] -- COMMAND [ARG...]
+    python -m shiftlab.supervise --state FILE [--restart-sec S] -- COMMAND [ARG...]
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from shiftlab.pids import proc_stat
 
 PR_SET_PDEATHSIG = 1
 CLEAN_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE}
@@ -59,19 +61,6 @@ def _die_with_parent(parent: int) -> None:
         os._exit(127)
     if os.getppid() != parent:
         os._exit(127)
-
-
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time) of a process from /proc/PID/stat, or None when there is no such process.
-
-    The start time, with the PID, names one process: a recycled PID is never taken for it.
-    """
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = text.rpartition(")")[2].split()
-    return fields[0], int(fields[19])
 
 
 class Supervisor:
@@ -215,7 +204,7 @@ class Supervisor:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m shiftd.supervise",
+        prog="python -m shiftlab.supervise",
         description="Run COMMAND as systemd would with Type=notify and Restart=on-failure: restart it after "
         "an abnormal exit, with a doubling backoff; pass SIGTERM on; the child dies with the supervisor.",
     )

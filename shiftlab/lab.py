@@ -1,24 +1,22 @@
-"""`shift-lab`: a lab of hosts as network namespaces, with etcd and one supervised shiftd per host.
+"""The lab: hosts as network namespaces, with etcd and one supervised shiftd per host (`Lab`).
 
-`up` builds the fabric (shiftd.fabric), writes each host's shiftd config, starts etcd (one member,
+`up` builds the fabric (shiftlab.fabric), writes each host's shiftd config, starts etcd (one member,
 or a cluster of 3 or 5 on addresses of their own) in the management namespace and a shiftd in
-every host namespace, detached, each under a supervisor (shiftd.supervise) that restarts it after a
+every host namespace, detached, each under a supervisor (shiftlab.supervise) that restarts it after a
 crash as systemd would on a real host, and records them in /run/shift-lab/NAME/state.json. That
 record is what lets `status`, `exec` and `down`, run later from any shell, act on exactly the
-processes `up` started: by PID checked against the kernel's start time, so a recycled PID is never
-signalled. The CLI and the tests share the `Lab` class.
+processes `up` started: by PID checked against the kernel's start time (shiftlab.pids), so a recycled
+PID is never signalled. The CLI (shiftlab.cli) and the tests share this class.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import json
 import os
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -29,12 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyroute2.netlink.exceptions import NetlinkError
-
-from shiftd import fabric, netns
-from shiftd.etcdproc import EtcdError, EtcdProcess
-from shiftd.fabric import FabricError, Shape
-from shiftd.supervise import proc_stat
+from shiftlab import fabric, netns
+from shiftlab.etcdproc import EtcdProcess
+from shiftlab.fabric import Shape
+from shiftlab.pids import Pid, stop
 
 RUN_ROOT = Path("/run/shift-lab")
 DEFAULT_NAME = "shift"
@@ -49,37 +45,6 @@ RESTART_SEC = 0.5  # the supervisor's first restart delay (systemd's RestartSec)
 
 class LabError(RuntimeError):
     """A lab operation cannot proceed; str() is one line for the operator."""
-
-
-@dataclass(frozen=True)
-class Pid:
-    """A process the lab started: its PID and the kernel's start time for it (/proc/PID/stat)."""
-
-    pid: int
-    start: int
-
-    @classmethod
-    def of(cls, pid: int) -> Pid:
-        stat = proc_stat(pid)
-        return cls(pid, stat[1] if stat else -1)
-
-    def alive(self) -> bool:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, os.WNOHANG)  # reap it if it is our own dead child
-        stat = proc_stat(self.pid)
-        return stat is not None and stat[1] == self.start and stat[0] != "Z"
-
-
-def stop(pids: Sequence[Pid], timeout: float) -> None:
-    """SIGTERM the live ones, wait up to `timeout`, then SIGKILL whatever is left."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        live = [p for p in pids if p.alive()]
-        for p in live:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.pid, sig)
-        deadline = time.monotonic() + timeout
-        while any(p.alive() for p in live) and time.monotonic() < deadline:
-            time.sleep(0.05)
 
 
 @dataclass(frozen=True)
@@ -126,7 +91,7 @@ class Lab:
         """The lab `up` recorded under `name`, with the shape it was built with."""
         state = _read_json(Path(run_root) / name / "state.json")
         if state is None:
-            raise LabError(f"lab {name!r} is not up; start it with: shift-lab up{_name_flag(name)}")
+            raise LabError(f"lab {name!r} is not up; start it with: shift-lab up{name_flag(name)}")
         return cls(
             name, state["hosts"], state["nics"], etcd_members=state.get("etcd_members", 1), run_root=run_root
         )
@@ -214,10 +179,6 @@ class Lab:
     def sockets(self) -> dict[str, Path]:
         return {h: self.socket(h) for h in self.host_names}
 
-    @property
-    def configs(self) -> dict[str, Path]:
-        return {h: self.config_path(h) for h in self.host_names}
-
     def host_env(self, host: str) -> dict[str, str]:
         """The environment of a host's processes: its socket and config, and this venv's tools.
 
@@ -251,7 +212,7 @@ class Lab:
 
     def up(self) -> None:
         """Build what is missing and start what is not running; on failure remove all but the logs."""
-        _require_root()
+        require_root()
         with self._locked():
             self._load_pids()
             self._check_shape()
@@ -269,7 +230,7 @@ class Lab:
 
     def down(self) -> list[str]:
         """Stop the lab's processes, delete its namespaces and links and its state; says what it did."""
-        _require_root()
+        require_root()
         with self._locked():
             try:
                 self._load_pids()
@@ -316,7 +277,7 @@ class Lab:
                 f"nothing to run: give a command after --, e.g. shift-lab exec {host} -- shiftctl nics"
             )
         if not netns.exists(ns):
-            raise LabError(f"namespace {ns} is missing; run: shift-lab up{_name_flag(self.name)}")
+            raise LabError(f"namespace {ns} is missing; run: shift-lab up{name_flag(self.name)}")
         return netns.command(ns, argv), self.host_env(host)
 
     # internals
@@ -337,7 +298,7 @@ class Lab:
 
     def _check_shape(self) -> None:
         state = _read_json(self.state_path)
-        down = f"shift-lab down{_name_flag(self.name)}"
+        down = f"shift-lab down{name_flag(self.name)}"
         shape = (self.shape.hosts, self.shape.nics, self.shape.etcd_members)
         if state and (state["hosts"], state["nics"], state.get("etcd_members", 1)) != shape:
             raise LabError(
@@ -448,7 +409,7 @@ class Lab:
         """The host's supervisor, in the host's namespace, running shiftd as its child."""
         self.supervisor_state_path(host).unlink(missing_ok=True)  # a dead supervisor's record
         supervise = [
-            sys.executable, "-m", "shiftd.supervise",
+            sys.executable, "-m", "shiftlab.supervise",
             "--state", str(self.supervisor_state_path(host)),
             "--restart-sec", str(RESTART_SEC),
             "--stop-timeout", str(STOP_TIMEOUT - 1),
@@ -552,172 +513,10 @@ def _tool_path() -> str:
     return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
 
 
-def _require_root() -> None:
+def require_root() -> None:
     if os.geteuid() != 0:
         raise LabError("must run as root: network namespaces need CAP_NET_ADMIN and CAP_SYS_ADMIN (try sudo)")
 
 
-def _name_flag(name: str) -> str:
+def name_flag(name: str) -> str:
     return "" if name == DEFAULT_NAME else f" --name {name}"
-
-
-# the command line
-
-
-def _cmd_up(args: argparse.Namespace) -> int:
-    lab = Lab(args.name, args.hosts, args.nics, etcd_members=args.etcd_members)
-    lab.up()
-    print(_describe(lab))
-    return 0
-
-
-def _cmd_down(args: argparse.Namespace) -> int:
-    done = Lab(args.name).down()
-    print("\n".join(done) if done else f"lab {args.name!r} is not up; nothing to do")
-    return 0
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    try:
-        lab = Lab.existing(args.name)
-    except LabError:  # not up: status still reports leftovers, and an unreadable state again
-        lab = Lab(args.name)
-    status = lab.status()
-    if args.json:
-        print(json.dumps(status, indent=2))
-    elif not status["up"]:
-        leftovers = [ns for ns, ok in status["namespaces"].items() if ok]
-        extra = f" (leftover namespaces: {', '.join(leftovers)}; run shift-lab down)" if leftovers else ""
-        print(f"lab {args.name!r} is not up{extra}")
-    else:
-        print(_format_status(status))
-    return 0 if status["healthy"] else 1
-
-
-def _cmd_exec(args: argparse.Namespace) -> int:
-    _require_root()
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    argv, env = Lab.existing(args.name).exec_command(args.host, command)
-    sys.stdout.flush()
-    os.execvpe(argv[0], argv, env)  # replaces this process, so CMD's exit status is ours
-
-
-def _describe(lab: Lab) -> str:
-    flag = _name_flag(lab.name)
-    lines = [
-        f"lab {lab.name!r} is up: {lab.shape.hosts} hosts x {lab.shape.nics} NICs (state in {lab.state_dir})",
-        f"  etcd  {', '.join(lab.etcd_endpoints)} in namespace {lab.shape.mgmt_ns}",
-    ]
-    for host in lab.host_names:
-        lines.append(f"  {host:<5} namespace {lab.namespace(host)}, socket {lab.socket(host)}")
-    lines += [
-        "try:",
-        f"  shift-lab exec{flag} h0 -- shiftctl nics",
-        f"  shift-lab status{flag}",
-        f"  shift-lab down{flag}",
-    ]
-    return "\n".join(lines)
-
-
-def _format_status(status: dict[str, Any]) -> str:
-    def alive(rec: dict[str, Any]) -> str:
-        return f"pid {rec['pid']} alive" if rec["alive"] else f"DEAD (pid {rec['pid']})"
-
-    shape = status["shape"]
-    health = "healthy" if status["healthy"] else "DEGRADED"
-    lines = [f"lab {status['name']!r}: {shape['hosts']} hosts x {shape['nics']} NICs, {health}"]
-    namespaces = [f"{ns}{'' if ok else ' MISSING'}" for ns, ok in status["namespaces"].items()]
-    lines.append(f"  namespaces: {', '.join(namespaces)}")
-    for member in status["etcd"]["members"]:
-        lines.append(f"  etcd   {member['endpoint']} ({member['name']}): {alive(member)}")
-    for host, rec in status["hosts"].items():
-        supervisor = rec["supervisor"]
-        restarts = f", {rec['restarts']} restarts" if rec["restarts"] else ""
-        lines.append(f"  {host:<6} shiftd {alive(rec)}, supervisor {alive(supervisor)}{restarts}")
-        lines.append(f"         socket {rec['socket']}")
-        nics = [f"{dev}={netdev} {rec['addresses'][netdev]}" for dev, netdev in rec["devices"].items()]
-        lines.append(f"         {', '.join(nics)}, mgmt0 {rec['addresses'][fabric.MGMT_NETDEV]}")
-    return "\n".join(lines)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="shift-lab",
-        description="A lab fabric for SHIFT: hosts as network namespaces with veth NICs on rail switches, "
-        "etcd on a management network, and one shiftd per host. Needs root.",
-    )
-    sub = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
-
-    def add(name: str, help: str, description: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=description)
-        p.add_argument("--name", default=DEFAULT_NAME, help=f"lab name (default {DEFAULT_NAME})")
-        return p
-
-    up = add(
-        "up",
-        "build the fabric and start etcd and the daemons",
-        "Build hosts NAME-h0.. with NICs ens1f0np0.. (RDMA names mlx5_0..) on rail switches NAME-rail0.., "
-        "a management network NAME-mgmt with etcd on 198.19.0.1:2379 (--etcd-members 3: also .2 and .3), and "
-        "start one shiftd per host under a supervisor that restarts it after a crash (as systemd's "
-        "Restart=on-failure). Host i has 198.18.R.(10+i)/24 on rail R and 198.19.0.(10+i)/24 on mgmt0. "
-        "Running it again reuses a lab of the same shape and restarts dead processes. "
-        f"{SHIFTD_ENV} overrides the daemon command.",
-    )
-    up.add_argument("--hosts", type=int, default=2, help="number of hosts (default 2)")
-    up.add_argument("--nics", type=int, default=2, help="NICs per host, one rail each (default 2)")
-    up.add_argument(
-        "--etcd-members",
-        type=int,
-        default=1,
-        help="etcd cluster size: 1, 3 or 5 members on 198.19.0.1, .2, ... (default 1)",
-    )
-    up.set_defaults(func=_cmd_up)
-
-    down = add(
-        "down",
-        "stop the processes and remove the lab",
-        "Stop the processes `up` started (SIGTERM, then SIGKILL; a shiftd stops with its supervisor), delete "
-        "every namespace and link of the "
-        "lab and its state directory. Safe to repeat, and after a failed `up`.",
-    )
-    down.set_defaults(func=_cmd_down)
-
-    status = add(
-        "status",
-        "show the lab's shape, namespaces, processes and addresses",
-        "Show the shape, which namespaces exist, whether each process is alive, sockets and addresses. "
-        "Exits 0 when the lab is up and healthy, 1 otherwise.",
-    )
-    status.add_argument("--json", action="store_true", help="print JSON")
-    status.set_defaults(func=_cmd_status)
-
-    run = add(
-        "exec",
-        "run a command inside a host's namespace",
-        "Run CMD inside HOST's namespace with SHIFT_SOCKET, SHIFT_CONFIG and SHIFT_HOST set for that host's "
-        "shiftd; exits with CMD's status. Example: shift-lab exec h0 -- shiftctl nics",
-    )
-    run.add_argument("host", metavar="HOST", help="h0, h1, ...")
-    run.add_argument(
-        "command", metavar="-- CMD", nargs=argparse.REMAINDER, help="the command and its arguments"
-    )
-    run.set_defaults(func=_cmd_exec)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (LabError, FabricError, EtcdError, netns.NetnsError, OSError) as exc:
-        print(f"shift-lab: {exc}", file=sys.stderr)
-    except NetlinkError as exc:
-        print(f"shift-lab: netlink error: {exc}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("shift-lab: interrupted", file=sys.stderr)
-        return 130
-    return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
