@@ -24,7 +24,7 @@ from pathlib import Path
 from libshift.api.shift.v1 import admin_pb2, common_pb2
 from shiftd import __version__, inventory
 from shiftd import config as config_mod
-from shiftd.agents import AgentError, AgentTable, encode
+from shiftd.agents import AgentTable, RefusedRequest, encode
 from shiftd.events import EventBus
 from shiftd.faults import FaultInjector
 from shiftd.health import Transition
@@ -333,7 +333,7 @@ class Daemon:
             await self.faults.apply(record.spec.netdev, mode, period)
         except Exception as exc:  # a netlink or tc failure: the operator must see why
             self.nics.set_fault(device, previous)
-            raise AgentError(
+            raise RefusedRequest(
                 "FAILED_PRECONDITION", f"cannot inject {mode.name.lower()} on {device}: {exc}"
             ) from exc
         self._publish_nic(device)
@@ -349,7 +349,7 @@ class Daemon:
         try:
             await self.faults.clear(record.spec.netdev)
         except Exception as exc:
-            raise AgentError("FAILED_PRECONDITION", f"cannot recover {device}: {exc}") from exc
+            raise RefusedRequest("FAILED_PRECONDITION", f"cannot recover {device}: {exc}") from exc
         self.nics.set_fault(device, FaultMode.NONE)
         self._publish_nic(device)
         self.bus.publish(admin_pb2.Event(fault=admin_pb2.FaultChange(device=device, mode=0)))

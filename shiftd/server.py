@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, common_pb2
 from shiftd import __version__
-from shiftd.agents import AgentError, mr_key, qp_key
+from shiftd.agents import RefusedRequest, mr_key, qp_key
 from shiftd.events import EventBus, StreamWriter, SubscriberOverflow
 from shiftd.nic import FaultMode
 from shiftd.nics import UnknownDevice
@@ -51,7 +51,7 @@ def unary(admin: bool = False) -> Callable:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, self._denied_message(context))
             try:
                 reply = await handler(self, request, context, cred)
-            except AgentError as exc:
+            except RefusedRequest as exc:
                 self._count(method, exc.code)
                 await context.abort(_code(exc.code), str(exc))
             except UnknownDevice as exc:
@@ -121,7 +121,7 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
     async def Publish(self, request, context, cred):
         if not self.daemon.publish_limiter.take(context.peer(), len(request.qps) + len(request.mrs)):
             limit = self.daemon.config.server
-            raise AgentError(
+            raise RefusedRequest(
                 "RESOURCE_EXHAUSTED",
                 f"publish rate limit: {limit.publish_rate:g} mappings/s, bursts of {limit.publish_burst}",
             )
@@ -155,10 +155,10 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
         try:
             key = make_key(gid, number)
         except ValueError:
-            raise AgentError("INVALID_ARGUMENT", f"gid: {gid[:64]!r} is not a GID (IPv6 text)") from None
+            raise RefusedRequest("INVALID_ARGUMENT", f"gid: {gid[:64]!r} is not a GID (IPv6 text)") from None
         value = await self.daemon.lookup(key, _wait(wait))
         if value is None:
-            raise AgentError("NOT_FOUND", f"no backup published for {key}")
+            raise RefusedRequest("NOT_FOUND", f"no backup published for {key}")
         return _decode(value, kind())
 
     @unary()
@@ -197,9 +197,9 @@ class AdminService(_Base, admin_pb2_grpc.AdminServicer):
     async def FailNic(self, request, context, cred):
         mode = FaultMode(request.mode) if request.mode in FaultMode._value2member_map_ else None
         if mode is None:
-            raise AgentError("INVALID_ARGUMENT", f"unknown fault mode {request.mode}")
+            raise RefusedRequest("INVALID_ARGUMENT", f"unknown fault mode {request.mode}")
         if request.flap_period_seconds < 0 or request.flap_period_seconds > 3600:
-            raise AgentError("INVALID_ARGUMENT", "flap_period_seconds must be within 0..3600")
+            raise RefusedRequest("INVALID_ARGUMENT", "flap_period_seconds must be within 0..3600")
         nic = await self.daemon.fail_nic(
             request.device, mode or FaultMode.DOWN, request.flap_period_seconds or None, by_uid=cred.uid
         )
@@ -245,7 +245,7 @@ async def _follow(
 
 def _wait(seconds: float) -> float:
     if not seconds >= 0:  # also rejects NaN
-        raise AgentError("INVALID_ARGUMENT", "wait_seconds must not be negative")
+        raise RefusedRequest("INVALID_ARGUMENT", "wait_seconds must not be negative")
     return min(seconds, MAX_WAIT_SECONDS)
 
 
@@ -253,7 +253,7 @@ def _decode(value: str, message):
     try:
         return json_format.Parse(value, message, ignore_unknown_fields=True)
     except json_format.ParseError:
-        raise AgentError("DATA_LOSS", "the stored mapping is not readable") from None
+        raise RefusedRequest("DATA_LOSS", "the stored mapping is not readable") from None
 
 
 def strict_handlers(servicer: object, service: ServiceDescriptor) -> grpc.GenericRpcHandler:
