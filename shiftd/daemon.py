@@ -90,6 +90,7 @@ class Daemon:
         self._grpc = None
         self._tasks: list[asyncio.Task] = []
         self._monitors = monitors.build(config.monitors, self.nics)
+        self._export_metrics()
 
     @property
     def udev_description(self) -> str:
@@ -156,9 +157,6 @@ class Daemon:
 
     async def start(self) -> None:
         self._check_socket_free()
-        for record in self.nics.records.values():
-            self.metrics.set_nic(record.name, record.spec.netdev, record.health.state)
-            self.metrics.link_events.labels(record.name, record.spec.netdev)  # the series exists from 0
         await self._start_monitors()
         await self._await_first_states(SETTLE_SECONDS)
         await self.registry.start()
@@ -230,8 +228,11 @@ class Daemon:
         shutil.rmtree(self._private_dir, ignore_errors=True)
         self._private_dir.mkdir(mode=0o700)
 
-    def _serve_metrics(self) -> None:
-        listen = self.config.metrics.listen
+    def _export_metrics(self) -> None:
+        """Each NIC's series from the start, and the gauges that read the daemon's state at a scrape."""
+        for record in self.nics.records.values():
+            self.metrics.set_nic(record.name, record.spec.netdev, record.health.state)
+            self.metrics.link_events.labels(record.name, record.spec.netdev)  # the series exists from 0
         self.metrics.etcd_up.set_function(lambda: 1 if self.registry.connected else 0)
         self.metrics.etcd_pending.set_function(lambda: self.registry.pending)
         self.metrics.agents.set_function(lambda: len(self.agents.agents))
@@ -239,6 +240,9 @@ class Daemon:
         self.metrics.mappings.labels("mr").set_function(lambda: self.agents.mapping_counts()[1])
         for device in self.nics.devices:
             self.metrics.backup_qps.labels(device).set_function(lambda d=device: self.agents.qps_on_backup(d))
+
+    def _serve_metrics(self) -> None:
+        listen = self.config.metrics.listen
         if not listen:
             return
         host, port = config_mod.parse_host_port("metrics.listen", listen)

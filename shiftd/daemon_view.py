@@ -6,7 +6,7 @@ two do not import each other and a service test can stand in a small fake for th
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from libshift.api.shift.v1 import admin_pb2, common_pb2
 from shiftd.agents import AgentTable
@@ -15,6 +15,7 @@ from shiftd.nic import FaultMode
 from shiftd.peercred import PeerCred
 
 
+@runtime_checkable
 class DaemonView(Protocol):
     host: str
     agents: AgentTable
