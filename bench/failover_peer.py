@@ -27,41 +27,23 @@ processes of the machine share, so the orchestrator can compare with the instant
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import logging
 import os
-import queue
 import sys
-import threading
 import time
 from array import array
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from stream_peer import DEVICE, Orders, Verbs, hear, say
+
 from libshift.agent import Agent
 from libshift.api.shift.v1 import common_pb2
-from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP, State, steps
-from libshift.verbs import (
-    CQ,
-    MR,
-    PD,
-    QP,
-    SGE,
-    WC,
-    CompChannel,
-    Context,
-    Endpoint,
-    QPAttr,
-    QPCap,
-    QPInitAttr,
-    RecvWR,
-    SendWR,
-)
+from libshift.shift import State, steps
+from libshift.verbs import SGE, WC, QPAttr, QPCap, RecvWR, SendWR
 from libshift.verbs import enums as e
 
-DEVICE = "mlx5_0"
 ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
 OPCODES = {"send": e.IBV_WR_SEND, "write": e.IBV_WR_RDMA_WRITE, "read": e.IBV_WR_RDMA_READ}
 PING = 0x50494E47  # the immediate of a ping: the receiver answers it
@@ -70,10 +52,6 @@ BATCH = 64
 NIC_STATES = {"down": common_pb2.NIC_STATE_DOWN, "up": common_pb2.NIC_STATE_UP}
 IDLE_WAIT = 0.01  # the longest block on the channel, so that orders are noticed
 ANSWER_WITHIN = 30.0  # an order not met by then is answered anyway, saying so
-
-
-def say(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
 
 
 def rss_kib() -> int:
@@ -105,27 +83,15 @@ class Stack:
         self.agent: Agent | None = None
         self.settle_by: float | None = None  # when a pending {"settled"} is answered anyway
         self.nic_wait: tuple[int, int, float] | None = None  # a pending {"nic"}: state, since, answer by
-        if args.plain:
-            self.ctx: Any = Context(DEVICE)
-            self.pd: Any = PD(self.ctx)
-            self.mr: Any = MR(self.pd, args.size, ACCESS)
-            self.channel: Any = CompChannel(self.ctx) if args.block else None
-            self.cq: Any = CQ(self.ctx, cqe, channel=self.channel)
-        else:
+        if not args.plain:
             self.agent = Agent.connect()
             if self.agent is None:
                 raise SystemExit("failover_peer: no shiftd at SHIFT_SOCKET")
             self.agent.add_listener(self._on_nic)  # before the context's: it times the arrival itself
-            self.ctx = ShiftContext(DEVICE, agent=self.agent)
-            self.pd = ShiftPD(self.ctx)
-            self.mr = ShiftMR(self.pd, args.size, ACCESS)
-            self.channel = ShiftCompChannel(self.ctx) if args.block else None
-            self.cq = ShiftCQ(self.ctx, cqe, channel=self.channel)
+        self.verbs = Verbs(cqe, args.size, ACCESS, plain=args.plain, block=args.block, agent=self.agent)
+        self.ctx, self.mr, self.cq = self.verbs.ctx, self.verbs.mr, self.verbs.cq
         self.base_rss = rss_kib()
-        make = QP if args.plain else ShiftQP
-        self.lanes = [
-            Lane(make(self.pd, QPInitAttr(scq=self.cq, rcq=self.cq, cap=cap))) for _ in range(args.qps)
-        ]
+        self.lanes = [Lane(qp) for qp in self.verbs.create_qps(args.qps, cap)]
         self.by_qpn = {lane.qp.qp_num: lane for lane in self.lanes}
         self.sge = [SGE(self.mr.buf, args.size, self.mr.lkey)]
 
@@ -134,10 +100,10 @@ class Stack:
             self.nic_events.append((time.monotonic_ns(), event.monotonic_nanos, event.state))
 
     def connect(self, peer: dict[str, Any]) -> None:
-        for lane, endpoint in zip(self.lanes, peer["endpoints"], strict=True):
-            attr = QPAttr(qp_access_flags=ACCESS, timeout=self.args.timeout, retry_cnt=self.args.retry_cnt)
-            lane.qp.connect(Endpoint.from_json(endpoint), attr)
-            if self.args.mode == "send":
+        attr = QPAttr(qp_access_flags=ACCESS, timeout=self.args.timeout, retry_cnt=self.args.retry_cnt)
+        self.verbs.connect([lane.qp for lane in self.lanes], peer["endpoints"], attr)
+        if self.args.mode == "send":
+            for lane in self.lanes:
                 for _ in range(self.args.window):
                     self.post_recv(lane)
 
@@ -150,14 +116,11 @@ class Stack:
         _, wcs = self.cq.poll(BATCH)
         if wcs or not wait:
             return wcs
-        if self.channel is None:
+        if self.verbs.channel is None:
             time.sleep(0)
             return wcs
-        self.cq.req_notify()
-        _, wcs = self.cq.poll(BATCH)  # one may have come between the poll and the arming
-        if not wcs:
-            with contextlib.suppress(TimeoutError):
-                self.channel.get_cq_event(timeout=IDLE_WAIT)
+        wcs, woken = self.verbs.block(lambda: self.cq.poll(BATCH)[1], IDLE_WAIT)
+        if woken is not None:
             _, wcs = self.cq.poll(BATCH)
         return wcs
 
@@ -199,25 +162,6 @@ class Stack:
         self.ctx.close()
         if self.agent is not None:
             self.agent.close()
-
-
-class Orders:
-    """The orchestrator's lines, read on a thread of their own so the data loop never blocks on stdin."""
-
-    def __init__(self) -> None:
-        self.queue: queue.Queue[dict[str, Any]] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in sys.stdin:
-            self.queue.put(json.loads(line))
-        self.queue.put({"stop": True})
-
-    def next(self, wait: float) -> dict[str, Any] | None:
-        try:
-            return self.queue.get(timeout=wait) if wait > 0 else self.queue.get_nowait()
-        except queue.Empty:
-            return None
 
 
 class Sender:
@@ -439,7 +383,7 @@ def main() -> None:
         rkey=stack.mr.rkey,
         rss=[stack.base_rss, rss_kib()],
     )
-    peer = json.loads(sys.stdin.readline())
+    peer = hear()
     started = time.monotonic()
     stack.connect(peer)
     say(connected=True, states=stack.states(), connected_s=time.monotonic() - started)

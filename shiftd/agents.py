@@ -26,8 +26,9 @@ MAX_TEXT = 256
 MAX_PROVIDER_DATA = 16
 
 
-class AgentError(Exception):
-    """A request that must be refused; `code` names the gRPC status to answer with."""
+class RefusedRequest(Exception):
+    """A request (an agent's or an operator's) that must be refused: `code` names the gRPC status to
+    answer with, str() is the message. Not libshift.agent.AgentError, which is the client's side."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -76,7 +77,7 @@ class AgentTable:
         _check_text("name", name)
         _check_text("job", job)
         if pid and pid != cred.pid:
-            raise AgentError("PERMISSION_DENIED", f"pid {pid} is not the caller's pid {cred.pid}")
+            raise RefusedRequest("PERMISSION_DENIED", f"pid {pid} is not the caller's pid {cred.pid}")
         info = common_pb2.AgentInfo(
             agent_id=f"{cred.pid}-{secrets.token_hex(4)}",
             pid=cred.pid,
@@ -100,7 +101,7 @@ class AgentTable:
     def publish(self, agent_id: str, cred: PeerCred, qps, mrs) -> None:
         agent = self._own(agent_id, cred)
         if len(qps) + len(mrs) > MAX_MAPPINGS_PER_CALL:
-            raise AgentError("INVALID_ARGUMENT", f"at most {MAX_MAPPINGS_PER_CALL} mappings per call")
+            raise RefusedRequest("INVALID_ARGUMENT", f"at most {MAX_MAPPINGS_PER_CALL} mappings per call")
         writes: list[tuple[str, str]] = []
         for mapping in qps:
             _check_endpoint("primary", mapping.primary)
@@ -113,7 +114,7 @@ class AgentTable:
         for key, _ in writes:
             owner = self._owner.get(key)
             if owner is not None and owner != agent_id:
-                raise AgentError("PERMISSION_DENIED", f"{key} is published by another agent")
+                raise RefusedRequest("PERMISSION_DENIED", f"{key} is published by another agent")
         for key, value in writes:
             self._owner[key] = agent_id
             agent.keys.add(key)
@@ -124,7 +125,7 @@ class AgentTable:
         keys = [qp_key(_gid(e.gid), e.qpn) for e in qps] + [mr_key(_gid(m.gid), m.rkey) for m in mrs]
         for key in keys:
             if key not in agent.keys:
-                raise AgentError("NOT_FOUND", f"{key} is not published by this agent")
+                raise RefusedRequest("NOT_FOUND", f"{key} is not published by this agent")
         for key in keys:
             self._forget(agent, key)
 
@@ -155,9 +156,9 @@ class AgentTable:
     def _own(self, agent_id: str, cred: PeerCred) -> Agent:
         agent = self.agents.get(agent_id)
         if agent is None:
-            raise AgentError("NOT_FOUND", f"no agent {agent_id!r} is registered (register first)")
+            raise RefusedRequest("NOT_FOUND", f"no agent {agent_id!r} is registered (register first)")
         if agent.cred.pid != cred.pid and cred.uid != 0:
-            raise AgentError("PERMISSION_DENIED", f"agent {agent_id!r} belongs to another process")
+            raise RefusedRequest("PERMISSION_DENIED", f"agent {agent_id!r} belongs to another process")
         return agent
 
     def _drop(self, agent: Agent) -> None:
@@ -196,25 +197,27 @@ def _check_gid(field_name: str, text: str) -> None:
     try:
         canonical_gid(text)
     except ValueError:
-        raise AgentError(
+        raise RefusedRequest(
             "INVALID_ARGUMENT", f"{field_name}: {text[:64]!r} is not a GID (IPv6 text)"
         ) from None
 
 
 def _check_text(field_name: str, text: str) -> None:
     if len(text) > MAX_TEXT:
-        raise AgentError("INVALID_ARGUMENT", f"{field_name}: longer than {MAX_TEXT} characters")
+        raise RefusedRequest("INVALID_ARGUMENT", f"{field_name}: longer than {MAX_TEXT} characters")
 
 
 def _check_endpoint(field_name: str, endpoint: common_pb2.Endpoint) -> None:
     _check_gid(f"{field_name}.gid", endpoint.gid)
     if endpoint.qpn >= 1 << 24:
-        raise AgentError("INVALID_ARGUMENT", f"{field_name}.qpn: {endpoint.qpn} is not a 24-bit QP number")
+        raise RefusedRequest(
+            "INVALID_ARGUMENT", f"{field_name}.qpn: {endpoint.qpn} is not a 24-bit QP number"
+        )
     if endpoint.psn >= 1 << 24:
-        raise AgentError("INVALID_ARGUMENT", f"{field_name}.psn: {endpoint.psn} is not a 24-bit PSN")
+        raise RefusedRequest("INVALID_ARGUMENT", f"{field_name}.psn: {endpoint.psn} is not a 24-bit PSN")
     _check_text(f"{field_name}.device", endpoint.device)
     if len(endpoint.provider_data) > MAX_PROVIDER_DATA:
-        raise AgentError(
+        raise RefusedRequest(
             "INVALID_ARGUMENT", f"{field_name}.provider_data: more than {MAX_PROVIDER_DATA} entries"
         )
     for key, value in endpoint.provider_data.items():

@@ -22,16 +22,13 @@ import time
 from pathlib import Path
 
 from libshift.api.shift.v1 import admin_pb2, common_pb2
-from shiftd import __version__, inventory
+from shiftd import __version__, inventory, monitors
 from shiftd import config as config_mod
-from shiftd.agents import AgentError, AgentTable, encode
+from shiftd.agents import AgentTable, RefusedRequest, encode
 from shiftd.events import EventBus
 from shiftd.faults import FaultInjector
 from shiftd.health import Transition
 from shiftd.metrics import Metrics
-from shiftd.monitors.netlink import NetlinkMonitor
-from shiftd.monitors.rdma_sysfs import RdmaSysfsMonitor
-from shiftd.monitors.udev import UdevMonitor
 from shiftd.nic import FaultMode, NicState
 from shiftd.nics import NicRecord, NicTable
 from shiftd.peercred import PeerCred, PeerCredRelay, group_id
@@ -92,26 +89,74 @@ class Daemon:
         self._private_dir: Path | None = None
         self._grpc = None
         self._tasks: list[asyncio.Task] = []
-        self._udev = UdevMonitor(self.nics.device_changed) if config.monitors.udev else None
+        self._monitors = monitors.build(config.monitors, self.nics)
+        self._export_metrics()
 
     @property
     def udev_description(self) -> str:
-        return self._udev.description if self._udev else "off (monitors.udev = false)"
+        udev = self._monitors.get("udev")  # it says what it watches: udev, or the kernel's uevents
+        return getattr(udev, "description", "off (monitors.udev = false)")
 
     def _connection_closed(self, connection: str) -> None:
         self.agents.connection_closed(connection)
         self.publish_limiter.forget(connection)
 
+    # --- what the services see (shiftd.daemon_view.DaemonView) ------------------------------------
+
     def is_admin(self, cred: PeerCred) -> bool:
         return cred.uid == 0 or (self._admin_gid is not None and cred.in_group(self._admin_gid))
+
+    @property
+    def admin_group(self) -> str:
+        return self.config.server.admin_group
+
+    @property
+    def devices(self) -> list[str]:
+        return self.nics.devices
+
+    @property
+    def pending_writes(self) -> int:
+        return self.registry.pending
+
+    def caller(self, connection: str) -> PeerCred | None:
+        return self.relay.lookup(connection)
+
+    def count_request(self, method: str, code: str) -> None:
+        self.metrics.grpc_requests.labels(method, code).inc()
+
+    def nic_protos(self) -> list[common_pb2.Nic]:
+        return self.nics.all_protos()
+
+    def admit_publish(self, connection: str, mappings: int) -> None:
+        if not self.publish_limiter.take(connection, mappings):
+            limit = self.config.server
+            raise RefusedRequest(
+                "RESOURCE_EXHAUSTED",
+                f"publish rate limit: {limit.publish_rate:g} mappings/s, bursts of {limit.publish_burst}",
+            )
+
+    def status(self) -> admin_pb2.StatusResponse:
+        return admin_pb2.StatusResponse(
+            host=self.host,
+            version=__version__,
+            uptime_seconds=time.monotonic() - self.started,
+            etcd_connected=self.registry.connected,
+            etcd_endpoints=list(self.config.etcd.endpoints),
+            lease_id=self.registry.lease_id or 0,
+            pending_writes=self.registry.pending,
+            nics=self.nics.all_protos(),
+            agents=self.agents.infos(),
+            failovers=self.failovers,
+            failbacks=self.failbacks,
+            socket=self.config.server.socket,
+            metrics_address=self.metrics.address,
+            udev=self.udev_description,
+        )
 
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
         self._check_socket_free()
-        for record in self.nics.records.values():
-            self.metrics.set_nic(record.name, record.spec.netdev, record.health.state)
-            self.metrics.link_events.labels(record.name, record.spec.netdev)  # the series exists from 0
         await self._start_monitors()
         await self._await_first_states(SETTLE_SECONDS)
         await self.registry.start()
@@ -121,7 +166,7 @@ class Daemon:
         self._serve_metrics()
         self._prepare_private_dir()
         private_path = str(self._private_dir / "grpc.sock")
-        self._grpc = await start_grpc(self, private_path)
+        self._grpc = await start_grpc(self, private_path, self.config.server.max_message_bytes)
         self.relay.private_path = private_path
         try:
             await self.relay.start()
@@ -183,8 +228,11 @@ class Daemon:
         shutil.rmtree(self._private_dir, ignore_errors=True)
         self._private_dir.mkdir(mode=0o700)
 
-    def _serve_metrics(self) -> None:
-        listen = self.config.metrics.listen
+    def _export_metrics(self) -> None:
+        """Each NIC's series from the start, and the gauges that read the daemon's state at a scrape."""
+        for record in self.nics.records.values():
+            self.metrics.set_nic(record.name, record.spec.netdev, record.health.state)
+            self.metrics.link_events.labels(record.name, record.spec.netdev)  # the series exists from 0
         self.metrics.etcd_up.set_function(lambda: 1 if self.registry.connected else 0)
         self.metrics.etcd_pending.set_function(lambda: self.registry.pending)
         self.metrics.agents.set_function(lambda: len(self.agents.agents))
@@ -192,6 +240,9 @@ class Daemon:
         self.metrics.mappings.labels("mr").set_function(lambda: self.agents.mapping_counts()[1])
         for device in self.nics.devices:
             self.metrics.backup_qps.labels(device).set_function(lambda d=device: self.agents.qps_on_backup(d))
+
+    def _serve_metrics(self) -> None:
+        listen = self.config.metrics.listen
         if not listen:
             return
         host, port = config_mod.parse_host_port("metrics.listen", listen)
@@ -201,17 +252,8 @@ class Daemon:
             raise StartupError(f"metrics.listen: cannot listen on {listen}: {exc.strerror}") from None
 
     async def _start_monitors(self) -> None:
-        cfg = self.config.monitors
-        if cfg.netlink:
-            netlink = NetlinkMonitor(self.nics.netdevs(), self.nics.link_changed)
-            self._tasks.append(asyncio.create_task(netlink.run(), name="netlink"))
-        if self._udev is not None:
-            self._tasks.append(asyncio.create_task(self._udev.run(), name="udev"))
-        verbs = [r.spec for r in self.nics.records.values() if r.spec.provider == "verbs"]
-        if cfg.rdma_sysfs and verbs:
-            ports = [(spec.device, spec.port) for spec in verbs]
-            sysfs = RdmaSysfsMonitor(cfg.sysfs_root, ports, cfg.rdma_poll_seconds, self.nics.port_changed)
-            self._tasks.append(asyncio.create_task(sysfs.run(), name="rdma-sysfs"))
+        for name, monitor in self._monitors.items():
+            self._tasks.append(asyncio.create_task(monitor.run(), name=name))
 
     async def _await_first_states(self, timeout: float) -> None:
         """Give the monitors' first dump a moment, so the first answers already know the links."""
@@ -333,7 +375,7 @@ class Daemon:
             await self.faults.apply(record.spec.netdev, mode, period)
         except Exception as exc:  # a netlink or tc failure: the operator must see why
             self.nics.set_fault(device, previous)
-            raise AgentError(
+            raise RefusedRequest(
                 "FAILED_PRECONDITION", f"cannot inject {mode.name.lower()} on {device}: {exc}"
             ) from exc
         self._publish_nic(device)
@@ -349,7 +391,7 @@ class Daemon:
         try:
             await self.faults.clear(record.spec.netdev)
         except Exception as exc:
-            raise AgentError("FAILED_PRECONDITION", f"cannot recover {device}: {exc}") from exc
+            raise RefusedRequest("FAILED_PRECONDITION", f"cannot recover {device}: {exc}") from exc
         self.nics.set_fault(device, FaultMode.NONE)
         self._publish_nic(device)
         self.bus.publish(admin_pb2.Event(fault=admin_pb2.FaultChange(device=device, mode=0)))

@@ -15,7 +15,6 @@ from prometheus_client import (
     Gauge,
     Histogram,
     disable_created_metrics,
-    generate_latest,
     start_http_server,
 )
 
@@ -115,6 +114,3 @@ class Metrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)

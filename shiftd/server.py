@@ -9,9 +9,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from google.protobuf import json_format, message_factory
@@ -19,16 +18,13 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError
 
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, common_pb2
-from shiftd import __version__
-from shiftd.agents import AgentError, mr_key, qp_key
+from shiftd.agents import RefusedRequest, mr_key, qp_key
+from shiftd.daemon_view import DaemonView
 from shiftd.events import EventBus, StreamWriter, SubscriberOverflow
 from shiftd.nic import FaultMode
 from shiftd.nics import UnknownDevice
 from shiftd.peercred import PeerCred
 from shiftd.registry import RegistryUnavailable
-
-if TYPE_CHECKING:
-    from shiftd.daemon import Daemon
 
 log = logging.getLogger(__name__)
 MAX_WAIT_SECONDS = 60.0
@@ -51,12 +47,12 @@ def unary(admin: bool = False) -> Callable:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, self._denied_message(context))
             try:
                 reply = await handler(self, request, context, cred)
-            except AgentError as exc:
+            except RefusedRequest as exc:
                 self._count(method, exc.code)
                 await context.abort(_code(exc.code), str(exc))
             except UnknownDevice as exc:
                 self._count(method, "NOT_FOUND")
-                known = ", ".join(self.daemon.nics.devices) or "none"
+                known = ", ".join(self.daemon.devices) or "none"
                 await context.abort(
                     grpc.StatusCode.NOT_FOUND, f"unknown device {exc.args[0]!r} (known: {known})"
                 )
@@ -72,11 +68,11 @@ def unary(admin: bool = False) -> Callable:
 
 
 class _Base:
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: DaemonView) -> None:
         self.daemon = daemon
 
     def _caller(self, context: grpc.aio.ServicerContext, admin: bool) -> PeerCred | None:
-        cred = self.daemon.relay.lookup(context.peer())
+        cred = self.daemon.caller(context.peer())
         if cred is None:
             return None
         if admin and not self.daemon.is_admin(cred):
@@ -84,13 +80,12 @@ class _Base:
         return cred
 
     def _denied_message(self, context: grpc.aio.ServicerContext) -> str:
-        if self.daemon.relay.lookup(context.peer()) is None:
+        if self.daemon.caller(context.peer()) is None:
             return "caller unknown: connect through shiftd's socket"
-        group = self.daemon.config.server.admin_group
-        return f"admin calls need root or membership of group {group!r}"
+        return f"admin calls need root or membership of group {self.daemon.admin_group!r}"
 
     def _count(self, method: str, code: str) -> None:
-        self.daemon.metrics.grpc_requests.labels(method, code).inc()
+        self.daemon.count_request(method, code)
 
 
 class AgentService(_Base, agent_pb2_grpc.AgentServicer):
@@ -98,7 +93,7 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
     async def Register(self, request, context, cred):
         info = self.daemon.agents.register(context.peer(), cred, request.pid, request.name, request.job)
         return agent_pb2.RegisterResponse(
-            agent_id=info.agent_id, host=self.daemon.host, nics=self.daemon.nics.all_protos()
+            agent_id=info.agent_id, host=self.daemon.host, nics=self.daemon.nic_protos()
         )
 
     @unary()
@@ -112,22 +107,15 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, self._denied_message(context))
         if request.agent_id and request.agent_id not in self.daemon.agents.agents:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no agent {request.agent_id!r} is registered")
-        snapshot = [
-            self.daemon.snapshot_event(nic).SerializeToString() for nic in self.daemon.nics.all_protos()
-        ]
+        snapshot = [self.daemon.snapshot_event(nic).SerializeToString() for nic in self.daemon.nic_protos()]
         await _follow(self.daemon.bus, context, snapshot, nic_only=True)
 
     @unary()
     async def Publish(self, request, context, cred):
-        if not self.daemon.publish_limiter.take(context.peer(), len(request.qps) + len(request.mrs)):
-            limit = self.daemon.config.server
-            raise AgentError(
-                "RESOURCE_EXHAUSTED",
-                f"publish rate limit: {limit.publish_rate:g} mappings/s, bursts of {limit.publish_burst}",
-            )
+        self.daemon.admit_publish(context.peer(), len(request.qps) + len(request.mrs))
         self.daemon.agents.publish(request.agent_id, cred, request.qps, request.mrs)
-        registry = self.daemon.registry
-        return agent_pb2.PublishResponse(stored=registry.pending == 0, pending=registry.pending)
+        pending = self.daemon.pending_writes
+        return agent_pb2.PublishResponse(stored=pending == 0, pending=pending)
 
     @unary()
     async def Withdraw(self, request, context, cred):
@@ -155,10 +143,10 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
         try:
             key = make_key(gid, number)
         except ValueError:
-            raise AgentError("INVALID_ARGUMENT", f"gid: {gid[:64]!r} is not a GID (IPv6 text)") from None
+            raise RefusedRequest("INVALID_ARGUMENT", f"gid: {gid[:64]!r} is not a GID (IPv6 text)") from None
         value = await self.daemon.lookup(key, _wait(wait))
         if value is None:
-            raise AgentError("NOT_FOUND", f"no backup published for {key}")
+            raise RefusedRequest("NOT_FOUND", f"no backup published for {key}")
         return _decode(value, kind())
 
     @unary()
@@ -171,35 +159,19 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
 class AdminService(_Base, admin_pb2_grpc.AdminServicer):
     @unary(admin=True)
     async def Status(self, request, context, cred):
-        d = self.daemon
-        return admin_pb2.StatusResponse(
-            host=d.host,
-            version=__version__,
-            uptime_seconds=time.monotonic() - d.started,
-            etcd_connected=d.registry.connected,
-            etcd_endpoints=list(d.config.etcd.endpoints),
-            lease_id=d.registry.lease_id or 0,
-            pending_writes=d.registry.pending,
-            nics=d.nics.all_protos(),
-            agents=d.agents.infos(),
-            failovers=d.failovers,
-            failbacks=d.failbacks,
-            socket=d.config.server.socket,
-            metrics_address=d.metrics.address,
-            udev=d.udev_description,
-        )
+        return self.daemon.status()
 
     @unary(admin=True)
     async def ListNics(self, request, context, cred):
-        return admin_pb2.ListNicsResponse(nics=self.daemon.nics.all_protos())
+        return admin_pb2.ListNicsResponse(nics=self.daemon.nic_protos())
 
     @unary(admin=True)
     async def FailNic(self, request, context, cred):
         mode = FaultMode(request.mode) if request.mode in FaultMode._value2member_map_ else None
         if mode is None:
-            raise AgentError("INVALID_ARGUMENT", f"unknown fault mode {request.mode}")
+            raise RefusedRequest("INVALID_ARGUMENT", f"unknown fault mode {request.mode}")
         if request.flap_period_seconds < 0 or request.flap_period_seconds > 3600:
-            raise AgentError("INVALID_ARGUMENT", "flap_period_seconds must be within 0..3600")
+            raise RefusedRequest("INVALID_ARGUMENT", "flap_period_seconds must be within 0..3600")
         nic = await self.daemon.fail_nic(
             request.device, mode or FaultMode.DOWN, request.flap_period_seconds or None, by_uid=cred.uid
         )
@@ -245,7 +217,7 @@ async def _follow(
 
 def _wait(seconds: float) -> float:
     if not seconds >= 0:  # also rejects NaN
-        raise AgentError("INVALID_ARGUMENT", "wait_seconds must not be negative")
+        raise RefusedRequest("INVALID_ARGUMENT", "wait_seconds must not be negative")
     return min(seconds, MAX_WAIT_SECONDS)
 
 
@@ -253,7 +225,7 @@ def _decode(value: str, message):
     try:
         return json_format.Parse(value, message, ignore_unknown_fields=True)
     except json_format.ParseError:
-        raise AgentError("DATA_LOSS", "the stored mapping is not readable") from None
+        raise RefusedRequest("DATA_LOSS", "the stored mapping is not readable") from None
 
 
 def strict_handlers(servicer: object, service: ServiceDescriptor) -> grpc.GenericRpcHandler:
@@ -291,9 +263,8 @@ def _parsed(impl: Callable, request_cls: type) -> Callable:
     return handler
 
 
-async def start_grpc(daemon: Daemon, private_path: str) -> grpc.aio.Server:
-    """Start the gRPC server on the private socket behind the relay."""
-    limit = daemon.config.server.max_message_bytes
+async def start_grpc(daemon: DaemonView, private_path: str, limit: int) -> grpc.aio.Server:
+    """Start the gRPC server on the private socket behind the relay; requests of at most `limit` bytes."""
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),

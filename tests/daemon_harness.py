@@ -14,8 +14,12 @@ from pathlib import Path
 import grpc
 
 from libshift.api.shift.v1 import admin_pb2_grpc, agent_pb2_grpc
+from shiftd.config import Config, MetricsConfig, MonitorsConfig, ServerConfig
+from shiftd.daemon import Daemon
 from shiftlab.etcdproc import free_port
 from shiftlab.pids import end
+
+SYSFS = Path(__file__).parent / "fixtures" / "sysfs"
 
 
 def toml_value(value) -> str:
@@ -114,3 +118,17 @@ def _accepts(path: str) -> bool:
         except OSError:
             return False
         return True
+
+
+def offline_daemon(workdir: Path, host: str = "h0") -> Daemon:
+    """A Daemon in this process, never started: the NICs of tests/fixtures/sysfs plus tcp0 on lo, its socket
+    under `workdir`, metrics not listening. For tests of its state and what it exports; no etcd is called."""
+    return Daemon(
+        Config(
+            host=host,
+            server=ServerConfig(socket=str(workdir / "shiftd.sock")),
+            metrics=MetricsConfig(listen=""),
+            monitors=MonitorsConfig(sysfs_root=str(SYSFS)),
+            devices={"tcp0": "lo"},
+        )
+    )

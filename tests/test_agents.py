@@ -5,7 +5,7 @@ import json
 import pytest
 
 from libshift.api.shift.v1 import common_pb2
-from shiftd.agents import AgentError, AgentTable, qp_key
+from shiftd.agents import AgentTable, RefusedRequest, qp_key
 from shiftd.peercred import PeerCred
 
 
@@ -74,13 +74,13 @@ def test_agent_cannot_take_over_or_withdraw_anothers_keys(table):
     a = agents.register("conn-a", ALICE, 0, "", "")
     b = agents.register("conn-b", BOB, 0, "", "")
     agents.publish(a.agent_id, ALICE, [mapping(1)], [])
-    with pytest.raises(AgentError) as info:
+    with pytest.raises(RefusedRequest) as info:
         agents.publish(b.agent_id, BOB, [mapping(1)], [])
     assert info.value.code == "PERMISSION_DENIED"
-    with pytest.raises(AgentError) as info:
+    with pytest.raises(RefusedRequest) as info:
         agents.withdraw(b.agent_id, BOB, [mapping(1).primary], [])
     assert info.value.code == "NOT_FOUND"
-    with pytest.raises(AgentError) as info:
+    with pytest.raises(RefusedRequest) as info:
         agents.publish(a.agent_id, BOB, [mapping(2)], [])
     assert info.value.code == "PERMISSION_DENIED"
     assert len(store.keys) == 1
@@ -99,7 +99,7 @@ def test_agent_cannot_take_over_or_withdraw_anothers_keys(table):
 def test_malformed_mapping_is_invalid_argument(table, bad):
     agents, store, _ = table
     info = agents.register("c", ALICE, 0, "", "")
-    with pytest.raises(AgentError) as err:
+    with pytest.raises(RefusedRequest) as err:
         agents.publish(info.agent_id, ALICE, [bad], [])
     assert err.value.code == "INVALID_ARGUMENT"
     assert store.keys == {}
@@ -107,7 +107,7 @@ def test_malformed_mapping_is_invalid_argument(table, bad):
 
 def test_register_with_someone_elses_pid_is_refused(table):
     agents, _, _ = table
-    with pytest.raises(AgentError) as err:
+    with pytest.raises(RefusedRequest) as err:
         agents.register("c", ALICE, 4242, "", "")
     assert err.value.code == "PERMISSION_DENIED"
 
@@ -140,10 +140,10 @@ def test_qps_on_backup_follow_failovers_and_failbacks_by_default_device(table):
 def test_an_agent_reports_only_for_itself(table):
     agents, _, _ = table
     a = agents.register("conn-a", ALICE, 100, "train", "job1").agent_id
-    with pytest.raises(AgentError) as refused:
+    with pytest.raises(RefusedRequest) as refused:
         agents.record_switch(a, BOB, switch(FAILOVER, "mlx5_0", "mlx5_1"))
     assert refused.value.code == "PERMISSION_DENIED"
-    with pytest.raises(AgentError) as unknown:
+    with pytest.raises(RefusedRequest) as unknown:
         agents.record_switch("nobody", ALICE, switch(FAILOVER, "mlx5_0", "mlx5_1"))
     assert unknown.value.code == "NOT_FOUND"
     assert agents.qps_on_backup("mlx5_0") == 0

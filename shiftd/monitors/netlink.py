@@ -26,7 +26,7 @@ import os
 import socket
 import struct
 from collections.abc import Callable, Collection, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.rtnl import (
@@ -38,7 +38,12 @@ from pyroute2.netlink.rtnl import (
     RTMGRP_LINK,
 )
 
+from shiftd.monitors import register
 from shiftd.nic import LinkStatus
+
+if TYPE_CHECKING:
+    from shiftd.config import MonitorsConfig
+    from shiftd.nics import NicTable
 
 log = logging.getLogger(__name__)
 
@@ -271,3 +276,8 @@ class NetlinkMonitor:
         self._reported[link.netdev] = link
         log.debug("link %s", link)
         self.on_link(link)
+
+
+@register("netlink")
+def _from_config(config: MonitorsConfig, nics: NicTable) -> NetlinkMonitor | None:
+    return NetlinkMonitor(nics.netdevs(), nics.link_changed) if config.netlink else None

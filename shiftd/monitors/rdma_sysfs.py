@@ -14,9 +14,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shiftd.inventory import port_status
+from shiftd.monitors import register
 from shiftd.nic import PortStatus
+
+if TYPE_CHECKING:
+    from shiftd.config import MonitorsConfig
+    from shiftd.nics import NicTable
 
 MISSED_FLAP = "LinkDown (between polls)"
 DOWN_STATES = ("DOWN", "NOP")
@@ -65,3 +71,12 @@ def missed_flap(last: PortStatus, now: PortStatus) -> bool:
     return (
         now.link_downed > last.link_downed and last.state not in DOWN_STATES and now.state not in DOWN_STATES
     )
+
+
+@register("rdma_sysfs")
+def _from_config(config: MonitorsConfig, nics: NicTable) -> RdmaSysfsMonitor | None:
+    """Polls the ports of the verbs devices; off when there are none (tcp devices only)."""
+    ports = [(r.spec.device, r.spec.port) for r in nics.records.values() if r.spec.provider == "verbs"]
+    if not (config.rdma_sysfs and ports):
+        return None
+    return RdmaSysfsMonitor(config.sysfs_root, ports, config.rdma_poll_seconds, nics.port_changed)

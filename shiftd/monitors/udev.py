@@ -13,10 +13,16 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyudev
 
+from shiftd.monitors import register
 from shiftd.nic import DeviceChange
+
+if TYPE_CHECKING:
+    from shiftd.config import MonitorsConfig
+    from shiftd.nics import NicTable
 
 log = logging.getLogger(__name__)
 
@@ -67,3 +73,8 @@ class UdevMonitor:
                 change = DeviceChange(device.action, device.subsystem, device.sys_name)
                 log.debug("device %s", change)
                 self.on_change(change)
+
+
+@register("udev")
+def _from_config(config: MonitorsConfig, nics: NicTable) -> UdevMonitor | None:
+    return UdevMonitor(nics.device_changed) if config.udev else None

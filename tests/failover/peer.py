@@ -13,8 +13,7 @@ posted has completed, as an application would after an RC error.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
+import importlib.util
 import logging
 import os
 import struct
@@ -23,10 +22,26 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 
-from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP, State
-from libshift.verbs import SGE, WC, Endpoint, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
+from libshift.shift import ShiftQP, State
+from libshift.verbs import SGE, WC, QPAttr, QPCap, RecvWR, SendWR
 from libshift.verbs import enums as e
+
+
+def _bench_module(name: str) -> ModuleType:
+    """A module of bench/, loaded by path (bench/ is no package)."""
+    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+stream_peer = _bench_module("stream_peer")  # what this peer shares with bench/failover_peer.py
+say, hear = stream_peer.say, stream_peer.hear
 
 SIZE = 512
 SLOTS = 32
@@ -52,17 +67,6 @@ def check(data: bytes, expected: int) -> str | None:
     return None
 
 
-def say(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
-
-
-def hear() -> dict:
-    line = sys.stdin.readline()
-    if not line:
-        raise SystemExit("stdin closed")
-    return json.loads(line)
-
-
 @dataclass
 class Lane:
     """One QP's stream: its part of the MR, and how far it is (WRs posted, completed; messages received)."""
@@ -81,17 +85,13 @@ class Lane:
 
 class Side:
     def __init__(self, qps: int, timeout: int, retry_cnt: int, block: bool) -> None:
-        self.ctx = ShiftContext(name="mlx5_0")
-        self.pd = ShiftPD(self.ctx)
-        self.channel = ShiftCompChannel(self.ctx) if block else None
-        self.woken = {"events": 0, "timeouts": 0}  # how the waits on the channel ended
-        self.cq = ShiftCQ(self.ctx, 256 * qps, channel=self.channel)
         self.atomic_at = qps * LANE  # the MR's last word: the receiver's counter, the sender's result
-        self.mr = ShiftMR(self.pd, self.atomic_at + 8, ACCESS)
+        self.verbs = stream_peer.Verbs(256 * qps, self.atomic_at + 8, ACCESS, block=block)
+        self.ctx, self.mr = self.verbs.ctx, self.verbs.mr
+        self.cq, self.channel = self.verbs.cq, self.verbs.channel
+        self.woken = {"events": 0, "timeouts": 0}  # how the waits on the channel ended
         cap = QPCap(max_send_wr=2 * WINDOW, max_recv_wr=SLOTS)
-        self.lanes = [
-            Lane(i, ShiftQP(self.pd, QPInitAttr(scq=self.cq, rcq=self.cq, cap=cap))) for i in range(qps)
-        ]
+        self.lanes = [Lane(i, qp) for i, qp in enumerate(self.verbs.create_qps(qps, cap))]
         self.by_qpn = {lane.qp.qp_num: lane for lane in self.lanes}
         self.attr = QPAttr(qp_access_flags=ACCESS, timeout=timeout, retry_cnt=retry_cnt)
         self.errors: list[str] = []  # breaches of the stream
@@ -102,8 +102,7 @@ class Side:
         endpoints = [lane.qp.endpoint().to_json() for lane in self.lanes]
         say(endpoints=endpoints, addr=self.mr.buf, rkey=self.mr.rkey)
         peer = hear()
-        for lane, endpoint in zip(self.lanes, peer["endpoints"], strict=True):
-            lane.qp.connect(Endpoint.from_json(endpoint), dataclasses.replace(self.attr))
+        self.verbs.connect([lane.qp for lane in self.lanes], peer["endpoints"], self.attr)
         states = sorted({lane.qp.state.value for lane in self.lanes})
         say(connected=True, resilient=self.ctx.resilient, state=",".join(states))
         return peer["addr"], peer["rkey"]
@@ -130,14 +129,9 @@ class Side:
         if self.channel is None:
             stop.wait(0.001)
             return []
-        self.cq.req_notify()
-        polled = self.poll(progress)  # a completion may have come between the poll and the arming
-        if not polled:
-            try:
-                self.channel.get_cq_event(timeout=0.05)  # bounded, to notice {"stop"}
-                self.woken["events"] += 1
-            except TimeoutError:
-                self.woken["timeouts"] += 1
+        polled, woken = self.verbs.block(lambda: self.poll(progress), 0.05)  # bounded, to notice {"stop"}
+        if woken is not None:
+            self.woken["events" if woken else "timeouts"] += 1
         return polled
 
     def finals(self) -> list[str]:
@@ -155,10 +149,11 @@ class Orders:
         self.atomic = threading.Event()
         self.stop = threading.Event()
         self.expect = 0
+        self._lines = stream_peer.Orders()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        while not (line := hear()).get("stop"):
+        while not (line := self._lines.next(None)).get("stop"):
             if line.get("atomic"):
                 self.atomic.set()
             if line.get("armed"):
