@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from libshift.agent import Agent
-from libshift.api.shift.v1 import common_pb2
+from libshift.notices import NicChange, NicState
 from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP, State, steps
 from libshift.verbs import (
     CQ,
@@ -67,7 +67,6 @@ OPCODES = {"send": e.IBV_WR_SEND, "write": e.IBV_WR_RDMA_WRITE, "read": e.IBV_WR
 PING = 0x50494E47  # the immediate of a ping: the receiver answers it
 PING_WR = 1 << 48  # wr_id of pings and their answers, apart from the stream's sequence numbers
 BATCH = 64
-NIC_STATES = {"down": common_pb2.NIC_STATE_DOWN, "up": common_pb2.NIC_STATE_UP}
 IDLE_WAIT = 0.01  # the longest block on the channel, so that orders are noticed
 ANSWER_WITHIN = 30.0  # an order not met by then is answered anyway, saying so
 
@@ -99,12 +98,12 @@ class Stack:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.nic_events: list[tuple[int, int, int]] = []  # (arrived, shiftd saw, state) for our device
+        self.nic_events: list[tuple[int, int, str]] = []  # (arrived, shiftd saw, state) for our device
         cqe = args.qps * (2 * args.window + 2) + 16
         cap = QPCap(max_send_wr=args.window + 1, max_recv_wr=args.window + 1)
         self.agent: Agent | None = None
         self.settle_by: float | None = None  # when a pending {"settled"} is answered anyway
-        self.nic_wait: tuple[int, int, float] | None = None  # a pending {"nic"}: state, since, answer by
+        self.nic_wait: tuple[str, int, float] | None = None  # a pending {"nic"}: state, since, answer by
         if args.plain:
             self.ctx: Any = Context(DEVICE)
             self.pd: Any = PD(self.ctx)
@@ -129,9 +128,9 @@ class Stack:
         self.by_qpn = {lane.qp.qp_num: lane for lane in self.lanes}
         self.sge = [SGE(self.mr.buf, args.size, self.mr.lkey)]
 
-    def _on_nic(self, event: common_pb2.NicEvent) -> None:
-        if event.device == DEVICE:
-            self.nic_events.append((time.monotonic_ns(), event.monotonic_nanos, event.state))
+    def _on_nic(self, change: NicChange) -> None:
+        if change.device == DEVICE:
+            self.nic_events.append((time.monotonic_ns(), change.monotonic_nanos, change.state.value))
 
     def connect(self, peer: dict[str, Any]) -> None:
         for lane, endpoint in zip(self.lanes, peer["endpoints"], strict=True):
@@ -179,7 +178,7 @@ class Stack:
         if "settled" in order:
             self.settle_by = by
         else:
-            self.nic_wait = (NIC_STATES[order["nic"]], int(order["since"]), by)
+            self.nic_wait = (NicState(order["nic"]).value, int(order["since"]), by)
 
     def nic_seen(self) -> bool:
         assert self.nic_wait is not None

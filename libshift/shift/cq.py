@@ -15,8 +15,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from libshift.shift.paths import PRIMARY
-from libshift.verbs import CQ, WC
-from libshift.verbs.errors import CQOverflowError, VerbsError, VerbsRDMAError
+from libshift.verbs import CQ, WC, CQOverflowError, VerbsError, VerbsRDMAError
 
 if TYPE_CHECKING:
     from libshift.shift.context import ShiftContext

@@ -21,9 +21,9 @@ import enum
 
 from libshift.shift.paths import BACKUP, PATHS, PRIMARY
 from libshift.shift.rewind import COUNT_MASK
-from libshift.verbs import MR, QP, SGE, Endpoint, RecvWR, SendWR
-from libshift.verbs.enums import ibv_send_flags, ibv_wr_opcode
-from libshift.verbs.errors import VerbsError
+from libshift.verbs import MR, QP, SGE, Endpoint, RecvWR, SendWR, VerbsError, enums
+
+ibv_send_flags, ibv_wr_opcode = enums.ibv_send_flags, enums.ibv_wr_opcode
 
 NOTIFY_RECV = 1 << 62  # wr_ids of our own control WRs, far above the ledger's
 NOTIFY_SEND = NOTIFY_RECV + 1

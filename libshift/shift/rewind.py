@@ -14,8 +14,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from libshift.verbs.enums import ibv_send_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode
-from libshift.verbs.wr import WC, RecvWR, SendWR
+from libshift.verbs import WC, RecvWR, SendWR, enums
+
+ibv_send_flags, ibv_wc_opcode, ibv_wc_status = enums.ibv_send_flags, enums.ibv_wc_opcode, enums.ibv_wc_status
+ibv_wr_opcode = enums.ibv_wr_opcode
 
 if TYPE_CHECKING:
     from libshift.shift.inline import Slot

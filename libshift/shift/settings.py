@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from libshift.verbs.errors import VerbsError
+from libshift.verbs import VerbsError
 
 
 def env_int(name: str, default: int, low: int, high: int) -> int:

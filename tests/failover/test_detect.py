@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from libshift.shift.detect import RETRY_CNT, TIMEOUT, default_path_attr
-from libshift.verbs import QPAttr
+from libshift.verbs import QPAttr, VerbsError
 from libshift.verbs.attrs import ack_deadline
-from libshift.verbs.errors import VerbsError
 
 
 def test_the_verbs_default_deadline_becomes_the_detection_deadline() -> None:

@@ -3,8 +3,7 @@
 import pytest
 
 from libshift.shift.notify import Kind, Message, targets_of
-from libshift.verbs import Endpoint
-from libshift.verbs.errors import VerbsError
+from libshift.verbs import Endpoint, VerbsError
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 import pytest
 
 from libshift.shift.policy import BACKUPS, backup_count, backup_devices
-from libshift.verbs.errors import VerbsError
+from libshift.verbs import VerbsError
 
 
 def test_two_nics_back_each_other_up() -> None:
