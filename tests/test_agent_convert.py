@@ -43,29 +43,19 @@ def test_a_nic_event_becomes_a_nic_change(proto: int, state: NicState) -> None:
     ],
 )
 def test_a_switch_report_becomes_a_failover_report(kind: SwitchKind, proto: int) -> None:
-    report = SwitchReport(
-        kind=kind,
-        device="mlx5_0",
-        backup_device="mlx5_2",
-        default_device="mlx5_0",
-        reason="nic_event",
-        downtime_seconds=0.0042,
-        reposted_work_requests=17,
-        time_unix_nanos=1_700_000_000_000_000_001,
-        qps=3,
-    )
-    message = failover_report(report)
-    assert message == common_pb2.FailoverReport(
-        kind=proto,
-        device="mlx5_0",
-        backup_device="mlx5_2",
-        default_device="mlx5_0",
-        reason="nic_event",
-        downtime_seconds=0.0042,
-        reposted_work_requests=17,
-        qps=3,
-        time_unix_nanos=1_700_000_000_000_000_001,
-    )
+    fields = {  # the same names on both sides
+        "device": "mlx5_0",
+        "backup_device": "mlx5_2",
+        "default_device": "mlx5_0",
+        "reason": "nic_event",
+        "downtime_seconds": 0.0042,
+        "reposted_work_requests": 17,
+        "time_unix_nanos": 1_700_000_000_000_000_001,
+        "qps": 3,
+    }
+    message = failover_report(SwitchReport(kind=kind, **fields))  # type: ignore[arg-type]
+    assert message == common_pb2.FailoverReport(kind=proto, **fields)
+    assert {name: getattr(message, name) for name in fields} == fields
     # every field of the proto is one the report sets: a field added to FailoverReport fails here
     assert {f.name for f, _ in message.ListFields()} == {f.name for f in message.DESCRIPTOR.fields}
 

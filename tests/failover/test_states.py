@@ -8,23 +8,31 @@ from libshift.shift.states import RECV, SEND, IllegalTransition, Recv, Send, Sta
 
 S, T = Send, Transition
 
-# (from, transition) -> to, written out: the table in states.py must be exactly this
-LEGAL = {
-    (S.IDLE, T.CONNECT): S.DEFAULT,
-    (S.IDLE, T.NO_BACKUP): S.PLAIN,
-    (S.DEFAULT, T.STOP): S.STOPPING,
-    (S.HANDSHAKE, T.STOP): S.STOPPING,  # a second switch in the middle of a failover's handshake
-    (S.FALLBACK, T.STOP): S.STOPPING,
-    (S.WAIT_SIGNALED, T.STOP): S.STOPPING,
-    (S.WAIT_DRAINED, T.STOP): S.STOPPING,  # the failback's handshake cut: off to a backup
-    (S.STOPPING, T.FAILOVER): S.HANDSHAKE,
-    (S.STOPPING, T.FAILBACK): S.WAIT_DRAINED,
-    (S.HANDSHAKE, T.RESUME): S.FALLBACK,
-    (S.WAIT_DRAINED, T.RESUME): S.DEFAULT,
-    (S.FALLBACK, T.FENCE): S.WAIT_SIGNALED,
-    (S.WAIT_SIGNALED, T.STAY): S.FALLBACK,
-    **{(s, T.BREAK): S.BROKEN for s in Send if s is not S.BROKEN},
-}
+# every legal transition, "from --transition--> to", as DESIGN's states read: states.py's table must be these
+EDGES = """
+idle --connect--> default
+idle --no_backup--> plain
+default --stop--> stopping
+handshake --stop--> stopping
+fallback --stop--> stopping
+wait_signaled --stop--> stopping
+wait_drained --stop--> stopping
+stopping --failover--> handshake
+stopping --failback--> wait_drained
+handshake --resume--> fallback
+wait_drained --resume--> default
+fallback --fence--> wait_signaled
+wait_signaled --stay--> fallback
+"""
+BREAKS = {(s, T.BREAK): S.BROKEN for s in Send if s is not S.BROKEN}  # an error to the application, any time
+
+
+def edge(line: str) -> tuple[tuple[Send, Transition], Send]:
+    start, transition, end = line.replace("--", " ").replace(">", "").split()
+    return (Send(start), Transition(transition)), Send(end)
+
+
+LEGAL = dict(edge(line) for line in EDGES.strip().splitlines()) | BREAKS
 
 
 def at(send: Send, recv: Recv = Recv.DEFAULT) -> States:
