@@ -39,7 +39,7 @@ from typing import Any
 from stream_peer import DEVICE, Orders, Verbs, hear, say
 
 from libshift.agent import Agent
-from libshift.api.shift.v1 import common_pb2
+from libshift.notices import NicChange, NicState
 from libshift.shift import State, steps
 from libshift.verbs import SGE, WC, QPAttr, QPCap, RecvWR, SendWR
 from libshift.verbs import enums as e
@@ -49,7 +49,6 @@ OPCODES = {"send": e.IBV_WR_SEND, "write": e.IBV_WR_RDMA_WRITE, "read": e.IBV_WR
 PING = 0x50494E47  # the immediate of a ping: the receiver answers it
 PING_WR = 1 << 48  # wr_id of pings and their answers, apart from the stream's sequence numbers
 BATCH = 64
-NIC_STATES = {"down": common_pb2.NIC_STATE_DOWN, "up": common_pb2.NIC_STATE_UP}
 IDLE_WAIT = 0.01  # the longest block on the channel, so that orders are noticed
 ANSWER_WITHIN = 30.0  # an order not met by then is answered anyway, saying so
 
@@ -77,12 +76,12 @@ class Stack:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.nic_events: list[tuple[int, int, int]] = []  # (arrived, shiftd saw, state) for our device
+        self.nic_events: list[tuple[int, int, str]] = []  # (arrived, shiftd saw, state) for our device
         cqe = args.qps * (2 * args.window + 2) + 16
         cap = QPCap(max_send_wr=args.window + 1, max_recv_wr=args.window + 1)
         self.agent: Agent | None = None
         self.settle_by: float | None = None  # when a pending {"settled"} is answered anyway
-        self.nic_wait: tuple[int, int, float] | None = None  # a pending {"nic"}: state, since, answer by
+        self.nic_wait: tuple[str, int, float] | None = None  # a pending {"nic"}: state, since, answer by
         if not args.plain:
             self.agent = Agent.connect()
             if self.agent is None:
@@ -95,9 +94,9 @@ class Stack:
         self.by_qpn = {lane.qp.qp_num: lane for lane in self.lanes}
         self.sge = [SGE(self.mr.buf, args.size, self.mr.lkey)]
 
-    def _on_nic(self, event: common_pb2.NicEvent) -> None:
-        if event.device == DEVICE:
-            self.nic_events.append((time.monotonic_ns(), event.monotonic_nanos, event.state))
+    def _on_nic(self, change: NicChange) -> None:
+        if change.device == DEVICE:
+            self.nic_events.append((time.monotonic_ns(), change.monotonic_nanos, change.state.value))
 
     def connect(self, peer: dict[str, Any]) -> None:
         attr = QPAttr(qp_access_flags=ACCESS, timeout=self.args.timeout, retry_cnt=self.args.retry_cnt)
@@ -142,7 +141,7 @@ class Stack:
         if "settled" in order:
             self.settle_by = by
         else:
-            self.nic_wait = (NIC_STATES[order["nic"]], int(order["since"]), by)
+            self.nic_wait = (NicState(order["nic"]).value, int(order["since"]), by)
 
     def nic_seen(self) -> bool:
         assert self.nic_wait is not None

@@ -24,6 +24,7 @@ import grpc
 import grpc.experimental
 
 from libshift.api.shift.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from libshift.notices import NicChange, NicState, SwitchKind, SwitchReport
 from libshift.verbs import Endpoint
 
 log = logging.getLogger("libshift.agent")
@@ -34,7 +35,16 @@ MAPPINGS_PER_CALL = 4096  # shiftd refuses larger Publish calls (shiftd.agents.M
 RECONNECT_INITIAL = 0.05
 RECONNECT_MAX = 2.0
 
-NicListener = Callable[[common_pb2.NicEvent], None]
+NicListener = Callable[[NicChange], None]
+NIC_STATES = {
+    common_pb2.NIC_STATE_UP: NicState.UP,
+    common_pb2.NIC_STATE_DOWN: NicState.DOWN,
+    common_pb2.NIC_STATE_DEGRADED: NicState.DEGRADED,
+}
+KINDS = {
+    SwitchKind.FAILOVER: common_pb2.FAILOVER_KIND_FAILOVER,
+    SwitchKind.FAILBACK: common_pb2.FAILOVER_KIND_FAILBACK,
+}
 
 
 class AgentError(RuntimeError):
@@ -65,6 +75,31 @@ def from_proto(message: common_pb2.Endpoint) -> Endpoint:
         device=message.device,
         provider=message.provider,
         provider_data={k: json.loads(v) for k, v in message.provider_data.items()},
+    )
+
+
+def nic_change(event: common_pb2.NicEvent) -> NicChange:
+    """shiftd's NIC event as the library reads it (once per event, on the stream thread)."""
+    return NicChange(
+        device=event.device,
+        state=NIC_STATES.get(event.state, NicState.UNKNOWN),
+        reason=event.reason,
+        monotonic_nanos=event.monotonic_nanos,
+    )
+
+
+def failover_report(report: SwitchReport) -> common_pb2.FailoverReport:
+    """A QP's switch as shiftd takes it."""
+    return common_pb2.FailoverReport(
+        kind=KINDS[report.kind],
+        device=report.device,
+        backup_device=report.backup_device,
+        default_device=report.default_device,
+        reason=report.reason,
+        downtime_seconds=report.downtime_seconds,
+        reposted_work_requests=report.reposted_work_requests,
+        qps=report.qps,
+        time_unix_nanos=report.time_unix_nanos,
     )
 
 
@@ -100,7 +135,7 @@ class Agent:
         self._stub = agent_pb2_grpc.AgentStub(self._channel)
         self._agent_id = ""
         self.host = ""
-        self._nics: dict[str, common_pb2.NicEvent] = {}
+        self._nics: dict[str, NicChange] = {}
         self._listeners: list[NicListener] = []
         self._qps: dict[tuple[str, int], common_pb2.QpMapping] = {}
         self._mrs: dict[tuple[str, int], common_pb2.MrMapping] = {}
@@ -167,11 +202,11 @@ class Agent:
         with self._lock:
             self._listeners.remove(listener)
 
-    def nic_state(self, device: str) -> int:
-        """The latest shift.v1.NicState the daemon reported for `device` (UNSPECIFIED if unknown)."""
+    def nic_state(self, device: str) -> NicState:
+        """The latest state the daemon reported for `device` (UNKNOWN before its first word)."""
         with self._lock:
-            event = self._nics.get(device)
-        return event.state if event else common_pb2.NIC_STATE_UNSPECIFIED
+            change = self._nics.get(device)
+        return change.state if change else NicState.UNKNOWN
 
     # ---- mappings -----------------------------------------------------------------------------
 
@@ -213,14 +248,13 @@ class Agent:
         m = reply.mapping
         return MrBackup(m.gid, m.rkey, m.backup_gid, m.backup_rkey)
 
-    def report(self, report: common_pb2.FailoverReport) -> None:
+    def report(self, report: SwitchReport) -> None:
         """Tell shiftd about a failover or failback (for metrics and `shiftctl events`); never raises."""
+        request = agent_pb2.ReportFailoverRequest(agent_id=self._agent_id, report=failover_report(report))
         try:
-            self._call(
-                "ReportFailover", agent_pb2.ReportFailoverRequest(agent_id=self._agent_id, report=report)
-            )
+            self._call("ReportFailover", request)
         except AgentError as exc:
-            log.warning("could not report %s to shiftd: %s", common_pb2.FailoverKind.Name(report.kind), exc)
+            log.warning("could not report a %s to shiftd: %s", report.kind.value, exc)
 
     # ---- internals ----------------------------------------------------------------------------
 
@@ -281,11 +315,13 @@ class Agent:
                     continue
 
     def _deliver(self, event: common_pb2.NicEvent) -> None:
+        """Straight to the listeners, on the stream's thread: a NIC DOWN is the fastest detection."""
+        change = nic_change(event)
         with self._lock:
-            self._nics[event.device] = event
+            self._nics[change.device] = change
             listeners = list(self._listeners)
         for listener in listeners:
             try:
-                listener(event)
+                listener(change)
             except Exception:  # a listener's bug must not kill the event thread
                 log.exception("NIC event listener failed")

@@ -7,7 +7,8 @@ import pytest
 from waiting import wait_until
 
 from libshift.agent import MAPPINGS_PER_CALL, Agent
-from libshift.api.shift.v1 import admin_pb2, common_pb2
+from libshift.api.shift.v1 import admin_pb2
+from libshift.notices import NicState, SwitchKind, SwitchReport
 from libshift.verbs import Endpoint
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
@@ -28,8 +29,8 @@ def test_events_mappings_and_reports(daemon):
     with Agent.connect(daemon.socket, name="trainer") as a, Agent.connect(daemon.socket, name="peer") as b:
         seen = []
         a.add_listener(seen.append)
-        assert wait_until(lambda: a.nic_state("mlx5_0") == common_pb2.NIC_STATE_UP)
-        assert [e.device for e in seen] == ["mlx5_0"]
+        assert wait_until(lambda: a.nic_state("mlx5_0") is NicState.UP)
+        assert [(e.device, e.state) for e in seen] == [("mlx5_0", NicState.UP)]
         assert a.host == "t0"
 
         a.publish_qp(endpoint(7), endpoint(8, gid="::ffff:127.0.0.2", device="mlx5_1"))
@@ -41,9 +42,9 @@ def test_events_mappings_and_reports(daemon):
         assert (mr.backup_gid, mr.backup_rkey) == ("::ffff:127.0.0.2", 0x5678)
 
         a.report(
-            common_pb2.FailoverReport(
-                kind=common_pb2.FAILOVER_KIND_FAILOVER, device="mlx5_0", backup_device="mlx5_1",
-                reason="nic_event", downtime_seconds=0.004, reposted_work_requests=12, qps=1,
+            SwitchReport(
+                kind=SwitchKind.FAILOVER, device="mlx5_0", backup_device="mlx5_1", default_device="mlx5_0",
+                reason="nic_event", downtime_seconds=0.004, reposted_work_requests=12, time_unix_nanos=1,
             )
         )  # fmt: skip
         with daemon.channel() as channel:
@@ -76,7 +77,7 @@ def test_agent_survives_a_daemon_restart_and_republishes(daemon):
         ]
         with Agent.connect(daemon.socket, name="other") as other:
             assert other.lookup_qp("::ffff:127.0.0.1", 21, wait=10) == endpoint(22, device="mlx5_1")
-        assert wait_until(lambda: agent.nic_state("mlx5_0") == common_pb2.NIC_STATE_UP)
+        assert wait_until(lambda: agent.nic_state("mlx5_0") is NicState.UP)
     finally:
         agent.close()
 

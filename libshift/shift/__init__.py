@@ -8,6 +8,7 @@ Use them as the plain verbs objects: `ShiftContext(name="mlx5_0")`, `ShiftPD(ctx
 from libshift.shift.context import ShiftContext
 from libshift.shift.cq import ShiftCompChannel, ShiftCQ
 from libshift.shift.memory import ShiftMR, ShiftPD
-from libshift.shift.qp import ShiftQP, State
+from libshift.shift.qp import ShiftQP
+from libshift.shift.states import State
 
 __all__ = ["ShiftCQ", "ShiftCompChannel", "ShiftContext", "ShiftMR", "ShiftPD", "ShiftQP", "State"]

@@ -18,14 +18,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from libshift.agent import Agent
-from libshift.api.shift.v1 import common_pb2
-from libshift.device import get_device_list
+from libshift.notices import NicChange, NicState, SwitchReport
 from libshift.shift import steps
 from libshift.shift.inline import InlinePool
 from libshift.shift.keys import RemoteKeys
 from libshift.shift.paths import PATHS, PRIMARY
 from libshift.shift.policy import backup_count, backup_devices
-from libshift.verbs import CQ, CompChannel, Context, VerbsError
+from libshift.verbs import CQ, CompChannel, Context, VerbsError, get_device_list
 
 if TYPE_CHECKING:
     from libshift.shift.cq import ShiftCQ
@@ -75,7 +74,7 @@ class ShiftContext:
         self._served = -WATCH_PERIOD  # when the last of them stopped waiting
         self._waiting: set[str] = set()  # the paths whose watcher waits on its channel now
         self._own_agent = False  # an agent handed in is the caller's to close
-        self._reports: queue.SimpleQueue[common_pb2.FailoverReport | None] = queue.SimpleQueue()
+        self._reports: queue.SimpleQueue[SwitchReport | None] = queue.SimpleQueue()
         self._reporter: threading.Thread | None = None
         why = self._open_backups(agent)
         if why:
@@ -267,9 +266,9 @@ class ShiftContext:
             with self.lock:
                 qps = set(self.qps.values())
             for qp in qps:
-                qp.read_messages()  # under the lock, one QP at a time
-                qp.retry_default(now)
-                qp.check_fence(now)
+                qp.rearm.read()  # under the lock, one QP at a time
+                qp.rearm.retry_default(now)
+                qp.switcher.check_fence(now)
 
     def _armable(self, path: str) -> list[CQ]:
         """The provider CQs of `path` that report to its watcher's channel."""
@@ -277,11 +276,11 @@ class ShiftContext:
         control = self.control_cqs.get(path)
         return found if control is None else [*found, control]
 
-    def _on_nic(self, event: common_pb2.NicEvent) -> None:
+    def _on_nic(self, change: NicChange) -> None:
         """shiftd's word on our devices: the default's DOWN is the fastest of the three detections, its UP
         starts the failback; a backup's DOWN moves the traffic on it along, its UP re-arms it."""
-        down, up = event.state == common_pb2.NIC_STATE_DOWN, event.state == common_pb2.NIC_STATE_UP
-        path = self.path_of.get(event.device)
+        down, up = change.state is NicState.DOWN, change.state is NicState.UP
+        path = self.path_of.get(change.device)
         if path is None or not (down or up):
             return
         if path == PRIMARY and down:
@@ -291,20 +290,20 @@ class ShiftContext:
         for qp in qps:  # the lock per QP: with a thousand QPs the first moves at once, not after the last
             with self.lock:
                 if path != PRIMARY and down:
-                    qp.backup_down(path)
+                    qp.switcher.backup_down(path)
                 elif path != PRIMARY:
-                    qp.backup_up(path)
+                    qp.rearm.backup_up()
                 elif down:
-                    qp.nic_down()
+                    qp.switcher.nic_down()
                 else:
-                    qp.nic_up()
+                    qp.rearm.nic_up()
 
     def device_up(self, path: str) -> bool:
         """Whether shiftd says the device of `path` is UP."""
         state = self.agent.nic_state(self.devices[path].name) if self.agent is not None else None
-        return state == common_pb2.NIC_STATE_UP
+        return state is NicState.UP
 
-    def report(self, report: common_pb2.FailoverReport) -> None:
+    def report(self, report: SwitchReport) -> None:
         """Tell shiftd off the data path: the call may take a while and never matters to the traffic.
 
         A queue put, for the one reporter thread: starting a thread per report cost ~2 ms under the context
