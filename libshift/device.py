@@ -40,3 +40,11 @@ def find_device(name: str, provider: str | None = None) -> tuple[Provider, Devic
     known = ", ".join(seen) or "none"
     because = f"; {'; '.join(why_none)}" if why_none and (provider is not None or not seen) else ""
     raise VerbsError(f"no RDMA device {name!r} (known devices: {known}){because}")
+
+
+def natural_key(name: str) -> tuple[str, int]:
+    """The sort key of device names in natural order, mlx5_2 before mlx5_10: the text, then the trailing
+    number."""
+    stem = name.rstrip("0123456789")
+    digits = name[len(stem) :]
+    return stem, int(digits) if digits else -1

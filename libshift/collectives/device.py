@@ -3,8 +3,7 @@ picks on rail-optimized hosts.
 
 On such hosts GPU i sits next to NIC i, so the rank with local rank i (torchrun's LOCAL_RANK, 0 without it)
 takes the host's i-th device in natural order, wrapping around when there are more ranks than NICs.
-SHIFT_DEVICE names the device instead. It lives here, not in libshift.device, because the natural order is
-the failover policy's (libshift.shift.policy), which device lookup stands beneath.
+SHIFT_DEVICE names the device instead.
 """
 
 from __future__ import annotations
@@ -12,8 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from libshift.shift.policy import _natural
-from libshift.verbs import get_device_list
+from libshift.device import get_device_list, natural_key
 
 ENV_DEVICE = "SHIFT_DEVICE"
 ENV_LOCAL_RANK = "LOCAL_RANK"
@@ -22,7 +20,7 @@ ENV_LOCAL_RANK = "LOCAL_RANK"
 def pick_device(environ: Mapping[str, str] = os.environ, devices: Sequence[str] | None = None) -> str:
     """The device for this rank: SHIFT_DEVICE if set, else the host's devices (in natural order) by local
     rank. `devices` defaults to every device libshift can open here."""
-    names = sorted({d.name for d in get_device_list()} if devices is None else set(devices), key=_natural)
+    names = sorted({d.name for d in get_device_list()} if devices is None else set(devices), key=natural_key)
     known = ", ".join(names) or "none"
     override = environ.get(ENV_DEVICE, "").strip()
     if override:

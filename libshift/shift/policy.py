@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from libshift.device import natural_key
 from libshift.shift.paths import MAX_PATHS
 from libshift.shift.settings import env_int
 
@@ -25,15 +26,8 @@ def backup_count() -> int:
 def backup_devices(default: str, devices: Sequence[str], count: int) -> list[str]:
     """Up to `count` devices after `default` in `devices`, wrapping around: the backup first, then the
     backup's backup; empty when `default` has no other device."""
-    names = sorted(set(devices), key=_natural)
+    names = sorted(set(devices), key=natural_key)
     if default not in names:
         return []
     at = names.index(default)
     return [names[(at + i) % len(names)] for i in range(1, min(count, len(names) - 1) + 1)]
-
-
-def _natural(name: str) -> tuple[str, int]:
-    """mlx5_2 before mlx5_10: sort by the text, then by the trailing number."""
-    stem = name.rstrip("0123456789")
-    digits = name[len(stem) :]
-    return stem, int(digits) if digits else -1

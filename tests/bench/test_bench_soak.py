@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
 
-SOAK = Path(__file__).parents[1] / "bench" / "soak.py"
+SOAK = Path(__file__).parents[2] / "bench" / "soak.py"
 
 
 def test_a_short_soak_fails_over_without_errors(tmp_path: Path) -> None:

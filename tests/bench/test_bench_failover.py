@@ -19,7 +19,7 @@ from labs import running_lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(180)]
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import socket
 import threading
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "collectives_bw.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "collectives_bw.py"
 spec = importlib.util.spec_from_file_location("collectives_bw", BENCH)
 assert spec is not None and spec.loader is not None
 collectives_bw = importlib.util.module_from_spec(spec)

@@ -5,7 +5,7 @@ paths the running daemon takes (NIC changes from the monitors, an agent's regist
 failover reports, counted gRPC calls), and /metrics is read from the HTTP server shiftd runs. Any change of
 a name, a label, a help text, a bucket or a value shows as a diff. After a deliberate change, regenerate:
 
-    SHIFT_UPDATE_GOLDEN=1 pytest tests/test_metrics_golden.py
+    SHIFT_UPDATE_GOLDEN=1 pytest tests/shiftd/test_metrics_golden.py
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from shiftd.daemon import BOOKKEEPING_DELAY, Daemon
 from shiftd.nic import LinkStatus, PortStatus
 from shiftd.peercred import PeerCred
 
-GOLDEN = Path(__file__).parent / "fixtures" / "metrics" / "golden.txt"
+GOLDEN = Path(__file__).parents[1] / "fixtures" / "metrics" / "golden.txt"
 UPDATE = "SHIFT_UPDATE_GOLDEN"
 AGENT = PeerCred(pid=4242, uid=1000, gid=1000)
 

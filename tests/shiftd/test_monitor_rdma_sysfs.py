@@ -11,7 +11,7 @@ import pytest
 from shiftd.monitors.rdma_sysfs import MISSED_FLAP, RdmaSysfsMonitor
 from shiftd.nic import PortStatus
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def copy_tree(tmp_path: Path, name: str) -> Path:

@@ -12,7 +12,7 @@ from shiftd.monitors.udev import UdevMonitor
 from shiftd.nic import NicSpec
 from shiftd.nics import NicTable
 
-SYSFS = Path(__file__).parent / "fixtures" / "sysfs"
+SYSFS = Path(__file__).parents[1] / "fixtures" / "sysfs"
 
 
 def nic_table() -> NicTable:

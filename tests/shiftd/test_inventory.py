@@ -11,7 +11,7 @@ from shiftd.config import Config, MonitorsConfig
 from shiftd.inventory import InventoryError, RdmaPort, port_status, rdma_ports, scan
 from shiftd.nic import NicSpec, PortStatus
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 FIXTURE = FIXTURES / "sysfs"
 ROCE, IB, BOND = (FIXTURES / f"sysfs-{kind}" for kind in ("roce", "ib", "bond"))
 PORT_DIR = "class/infiniband/{}/ports/1"

@@ -256,7 +256,7 @@ def start_child(member: EtcdProcess) -> subprocess.Popen[str]:
         [sys.executable, "-c", CHILD, str(member.client_port)],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert child.stdout is not None and child.stdout.readline().strip() == "ready"
     return child

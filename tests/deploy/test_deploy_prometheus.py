@@ -20,7 +20,7 @@ from daemon_harness import DaemonProcess
 
 from libshift.api.shift.v1 import agent_pb2, common_pb2
 
-PROMETHEUS = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
+PROMETHEUS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 ALERTS = PROMETHEUS / "shift-alerts.yml"
 RULE_TESTS = sorted((PROMETHEUS / "tests").glob("*.yml"))
 

@@ -27,7 +27,7 @@ ROUNDS = 10
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator:
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     from labs import running_lab
 
     with running_lab("ov", hosts=2, nics=2) as lab:
@@ -99,5 +99,5 @@ def probe() -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parents[1]))
+    sys.path.insert(0, str(Path(__file__).parents[2]))
     print(json.dumps(probe()), flush=True)

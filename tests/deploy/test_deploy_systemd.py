@@ -26,7 +26,7 @@ from nsutil import ip, netns
 
 from libshift.api.shift.v1 import admin_pb2, common_pb2
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "deploy" / "systemd" / "shiftd.service"
 PREFIX = "/opt/shift"  # not the unit's own /usr/local, so the rewrite shows
 WATCHDOG_USEC = 1_000_000  # shiftd pings every half of it

@@ -33,7 +33,7 @@ from shiftlab.pids import Pid
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
 
-PEER = str(Path(__file__).parent / "failover" / "peer.py")
+PEER = str(Path(__file__).parents[1] / "failover" / "peer.py")
 HOLDER_QPN = 0x400000  # synthetic QPNs of the holders, far above the provider's; each test its own range
 
 HOLDER = r"""

@@ -34,7 +34,7 @@ from libshift.providers.verbs.gid import GidEntry, choose_gid, read_gid_table
 from libshift.verbs import SGE, Endpoint, QPAttr, RecvWR, SendWR, VerbsError, VerbsRDMAError
 from libshift.verbs import enums as e
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 ROCE, IB, BOND = (FIXTURES / f"sysfs-{kind}" for kind in ("roce", "ib", "bond"))
 HAS_RDMA = any(Path("/sys/class/infiniband").glob("*"))
 

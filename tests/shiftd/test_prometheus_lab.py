@@ -27,7 +27,7 @@ from shiftlab.lab import METRICS_PORT, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(180)]
 
-RULES = Path(__file__).parents[1] / "deploy" / "prometheus" / "shift-alerts.yml"
+RULES = Path(__file__).parents[2] / "deploy" / "prometheus" / "shift-alerts.yml"
 TEST_FOR = "2s"
 LISTEN = "127.0.0.1:9090"  # inside the management namespace: no clash with anything on the host
 

@@ -16,7 +16,7 @@ from test_deploy_prometheus import (
     selectable_names,
 )
 
-GRAFANA = Path(__file__).resolve().parent.parent / "deploy" / "grafana"
+GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
 DASHBOARD = GRAFANA / "shift-dashboard.json"
 # What Grafana substitutes before a query reaches Prometheus.
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$instance": ".*"}

@@ -121,7 +121,7 @@ def test_check_config_accepts_good_file(tmp_path):
 def test_shipped_example_config_is_valid_and_equals_defaults():
     from pathlib import Path
 
-    shipped = config.load(Path(__file__).resolve().parent.parent / "deploy" / "config" / "shiftd.toml")
+    shipped = config.load(Path(__file__).resolve().parents[2] / "deploy" / "config" / "shiftd.toml")
     defaults = config.Config()
     assert shipped.server == defaults.server
     assert shipped.etcd == defaults.etcd

@@ -10,7 +10,7 @@ import yaml
 
 from shiftd import config
 
-K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
+K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 NAMESPACE = "shift-system"
 
 
