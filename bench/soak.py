@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stream_peer import hear, say
+
 from libshift.agent import Agent
 from libshift.gid import gid_of_ipv4
 from libshift.shift import ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP
@@ -52,17 +54,6 @@ DRAIN_SECONDS = 30.0
 
 
 # ---- the agent process, on a lab host ------------------------------------------------------------
-
-
-def say(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
-
-
-def hear() -> dict[str, Any]:
-    line = sys.stdin.readline()
-    if not line:
-        raise SystemExit("soak worker: the driver went away")
-    return json.loads(line)
 
 
 def message(seq: int) -> bytes:
