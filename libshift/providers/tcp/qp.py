@@ -105,7 +105,7 @@ class TcpQP(ProviderQP):
                 return
             if (current, target) not in TRANSITIONS:
                 raise VerbsRDMAError(f"QP {self.qp_num}: cannot go from {current.name} to {target.name}")
-            _check_attr(attr)
+            check_attr(attr)
             if target == S.IBV_QPS_INIT:
                 self.access = int(attr.qp_access_flags)
             elif target == S.IBV_QPS_RTR:
@@ -384,7 +384,7 @@ class TcpQP(ProviderQP):
             self.ctx.qps.discard(self)
 
 
-def _check_attr(attr: QPAttr) -> None:
+def check_attr(attr: QPAttr) -> None:
     for name, top in (("timeout", 31), ("retry_cnt", 7), ("rnr_retry", 7), ("min_rnr_timer", 31)):
         value = getattr(attr, name)
         if not 0 <= value <= top:

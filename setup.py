@@ -1,0 +1,17 @@
+"""The C core's extension (libshift.core._core); everything else is in pyproject.toml."""
+
+from glob import glob
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+CORE = "libshift/core"
+core = Extension(
+    "libshift.core._core",
+    sources=[f"{CORE}/_core.pyx", *sorted(glob(f"{CORE}/*.c"))],
+    include_dirs=[CORE],
+    define_macros=[("_GNU_SOURCE", None)],
+    extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-unused-function"],
+)
+
+setup(ext_modules=cythonize([core], compiler_directives={"language_level": "3"}))
