@@ -84,7 +84,7 @@ static int64_t first_due(struct sc_ctx *ctx) {
     return first;
 }
 
-static void dispatch(struct sc_ctx *ctx, const struct epoll_event *events, int n) {
+static void dispatch(struct sc_ctx *ctx, const struct epoll_event *events, int n, int progress_thread) {
     for (int i = 0; i < n; i++) {
         uint64_t watch = events[i].data.u64;
         uint32_t slot = slot_of(watch);
@@ -94,6 +94,9 @@ static void dispatch(struct sc_ctx *ctx, const struct epoll_event *events, int n
         uint32_t flags = events[i].events;
         switch (w->kind) {
         case WATCH_WAKE: {
+            /* only the progress thread drains it: the wake-up is for its wait, and a caller's pass that
+             * drained it first would leave that thread asleep until its old timeout */
+            if (!progress_thread) break;
             uint64_t count;
             while (read(ctx->wakefd, &count, sizeof count) < 0 && errno == EINTR) {
             }
@@ -118,7 +121,7 @@ static void dispatch(struct sc_ctx *ctx, const struct epoll_event *events, int n
 void sc_pass(struct sc_ctx *ctx, int timeout_ms) {
     struct epoll_event events[MAX_EVENTS];
     int n = epoll_wait(ctx->epfd, events, MAX_EVENTS, timeout_ms);
-    dispatch(ctx, events, n > 0 ? n : 0);
+    dispatch(ctx, events, n > 0 ? n : 0, 0);
 }
 
 static void *run(void *arg) {
@@ -137,7 +140,7 @@ static void *run(void *arg) {
         int n = epoll_wait(ctx->epfd, events, MAX_EVENTS, timeout);
         pthread_mutex_lock(&ctx->lock);
         ctx->sleep_until = 0;
-        if (!ctx->stopping) dispatch(ctx, events, n > 0 ? n : 0);
+        if (!ctx->stopping) dispatch(ctx, events, n > 0 ? n : 0, 1);
     }
     pthread_mutex_unlock(&ctx->lock);
     return NULL;

@@ -64,6 +64,7 @@ struct sc_mr {
 struct sc_pd {
     struct sc_ctx *ctx;
     uint32_t id;
+    struct sc_pd *next, *prev; /* the context's list */
 };
 
 struct sc_chan {
@@ -199,6 +200,7 @@ struct sc_ctx {
     struct sc_watch *watches;
     uint32_t nwatches;
     struct sc_mr *keys_l[SC_KEY_BUCKETS], *keys_r[SC_KEY_BUCKETS];
+    struct sc_pd *pds;
     struct sc_mr *mrs;
     struct sc_cq *cqs;
     struct sc_chan *chans;

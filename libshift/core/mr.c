@@ -39,6 +39,9 @@ sc_pd *sc_pd_new(sc_ctx *ctx) {
     pthread_mutex_lock(&ctx->lock);
     pd->ctx = ctx;
     pd->id = ++ctx->next_pd;
+    pd->next = ctx->pds;
+    if (ctx->pds) ctx->pds->prev = pd;
+    ctx->pds = pd;
     pthread_mutex_unlock(&ctx->lock);
     return pd;
 }
@@ -61,6 +64,9 @@ void sc_pd_free(sc_pd *pd) {
     pthread_mutex_lock(&ctx->lock);
     for (struct sc_mr *mr = ctx->mrs; mr; mr = mr->next)
         if (mr->pd_id == pd->id) unregister(mr);
+    if (pd->prev) pd->prev->next = pd->next;
+    else ctx->pds = pd->next;
+    if (pd->next) pd->next->prev = pd->prev;
     pthread_mutex_unlock(&ctx->lock);
     free(pd);
 }
@@ -119,6 +125,11 @@ int sc_mr_try_free(sc_mr *mr) {
 }
 
 void sc_mr_free_all(struct sc_ctx *ctx) {
+    while (ctx->pds) {
+        struct sc_pd *pd = ctx->pds;
+        ctx->pds = pd->next;
+        free(pd);
+    }
     while (ctx->mrs) {
         struct sc_mr *mr = ctx->mrs;
         ctx->mrs = mr->next;
