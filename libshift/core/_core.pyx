@@ -236,6 +236,21 @@ cdef class CQ:
         self.closed = True
 
 
+cdef c.sc_sge *sge_array(list lists) except NULL:
+    """The SGEs of every WR's list, one after the other, in one malloc'd array (the caller frees it)."""
+    cdef Py_ssize_t total = 0, k = 0
+    for sges in lists:
+        total += len(sges)
+    cdef c.sc_sge *cs = <c.sc_sge *>malloc(max(total, 1) * sizeof(c.sc_sge))
+    if cs is NULL:
+        raise MemoryError()
+    for sges in lists:
+        for sge in sges:
+            cs[k].addr, cs[k].length, cs[k].lkey = sge.addr, sge.length, sge.lkey
+            k += 1
+    return cs
+
+
 cdef class QP:
     cdef c.sc_qp *ptr
     cdef Context ctx
@@ -272,19 +287,15 @@ cdef class QP:
 
     def post_send(self, wrs):
         """Post SendWRs in order: (POST_OK or why the next one was refused, how many were posted)."""
-        cdef int n = len(wrs), total = 0, i = 0, k = 0, posted = 0, err
+        cdef int n = len(wrs), i, k = 0, posted = 0, err
         lists = [wr.sges() for wr in wrs]
-        for sges in lists:
-            total += len(sges)
+        cdef c.sc_sge *cs = sge_array(lists)
         cdef c.sc_send_wr *cw = <c.sc_send_wr *>malloc(max(n, 1) * sizeof(c.sc_send_wr))
-        cdef c.sc_sge *cs = <c.sc_sge *>malloc(max(total, 1) * sizeof(c.sc_sge))
-        if cw is NULL or cs is NULL:
-            free(cw)
-            free(cs)
-            raise MemoryError()
         try:
+            if cw is NULL:
+                raise MemoryError()
             for i in range(n):
-                wr, sges = wrs[i], lists[i]
+                wr = wrs[i]
                 op = int(wr.opcode)
                 cw[i].wr_id = wr.wr_id
                 cw[i].opcode = op if 0 <= op <= 6 else 0xFFFFFFFF
@@ -294,11 +305,9 @@ cdef class QP:
                 cw[i].remote_addr = wr.remote_addr
                 cw[i].compare_add = wr.compare_add
                 cw[i].swap = wr.swap
-                cw[i].num_sge = len(sges)
+                cw[i].num_sge = len(lists[i])
                 cw[i].sg = &cs[k]
-                for sge in sges:
-                    cs[k].addr, cs[k].length, cs[k].lkey = sge.addr, sge.length, sge.lkey
-                    k += 1
+                k += cw[i].num_sge
             with nogil:
                 err = c.sc_qp_post_send(self.ptr, cw, n, &posted)
         finally:
@@ -308,25 +317,18 @@ cdef class QP:
 
     def post_recv(self, wrs):
         """Post RecvWRs in order: (POST_OK or why the next one was refused, how many were posted)."""
-        cdef int n = len(wrs), total = 0, i = 0, k = 0, posted = 0, err
+        cdef int n = len(wrs), i, k = 0, posted = 0, err
         lists = [wr.sges() for wr in wrs]
-        for sges in lists:
-            total += len(sges)
+        cdef c.sc_sge *cs = sge_array(lists)
         cdef c.sc_recv_wr *cw = <c.sc_recv_wr *>malloc(max(n, 1) * sizeof(c.sc_recv_wr))
-        cdef c.sc_sge *cs = <c.sc_sge *>malloc(max(total, 1) * sizeof(c.sc_sge))
-        if cw is NULL or cs is NULL:
-            free(cw)
-            free(cs)
-            raise MemoryError()
         try:
+            if cw is NULL:
+                raise MemoryError()
             for i in range(n):
-                wr, sges = wrs[i], lists[i]
-                cw[i].wr_id = wr.wr_id
-                cw[i].num_sge = len(sges)
+                cw[i].wr_id = wrs[i].wr_id
+                cw[i].num_sge = len(lists[i])
                 cw[i].sg = &cs[k]
-                for sge in sges:
-                    cs[k].addr, cs[k].length, cs[k].lkey = sge.addr, sge.length, sge.lkey
-                    k += 1
+                k += cw[i].num_sge
             with nogil:
                 err = c.sc_qp_post_recv(self.ptr, cw, n, &posted)
         finally:

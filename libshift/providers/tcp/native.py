@@ -16,7 +16,7 @@ import socket
 from collections.abc import Sequence
 
 from libshift.core import _core
-from libshift.gid import gid_of_ipv4, ipv4_of_gid
+from libshift.gid import gid_of_ipv4
 from libshift.providers import (
     DeviceInfo,
     ProviderChannel,
@@ -27,10 +27,10 @@ from libshift.providers import (
     ProviderQP,
 )
 from libshift.providers.tcp.context import device_socket, netdev_ipv4
-from libshift.providers.tcp.qp import TRANSITIONS, check_attr
+from libshift.providers.tcp.qprules import TRANSITIONS, check_attr, rtr_peer, tcp_endpoint
 from libshift.vocabulary.attrs import Endpoint, QPAttr, QPCap, ack_deadline, retry_period
 from libshift.vocabulary.enums import ibv_qp_state
-from libshift.vocabulary.errors import CQOverflowError, VerbsError, VerbsRDMAError
+from libshift.vocabulary.errors import CQOverflowError, VerbsRDMAError
 from libshift.vocabulary.wr import WC, RecvWR, SendWR
 
 S = ibv_qp_state
@@ -162,14 +162,7 @@ class NativeQP(ProviderQP):
         return S(self.core.state)
 
     def endpoint(self) -> Endpoint:
-        return Endpoint(
-            gid=self.ctx.gid(),
-            qpn=self.qp_num,
-            psn=self.psn,
-            device=self.ctx.device.name,
-            provider="tcp",
-            provider_data={"address": self.ctx.address, "port": self.qp_num},
-        )
+        return tcp_endpoint(self.ctx.device.name, self.ctx.address, self.qp_num, self.psn)
 
     def modify(self, attr: QPAttr) -> None:
         target, current = S(attr.qp_state), self.state
@@ -195,13 +188,7 @@ class NativeQP(ProviderQP):
             )
 
     def _to_rtr(self, attr: QPAttr) -> None:
-        dest = attr.dest
-        if dest is None or dest.provider != "tcp" or "port" not in dest.provider_data:
-            raise VerbsError(f"QP {self.qp_num}: to_rtr needs the peer's tcp Endpoint in attr.dest")
-        try:
-            remote_ip = ipv4_of_gid(dest.gid)
-        except ValueError as exc:
-            raise VerbsError(str(exc)) from None
+        dest, remote_ip = rtr_peer(self.qp_num, attr)
         rq_psn = (dest.psn if attr.rq_psn is None else attr.rq_psn) & 0xFFFFFFFF
         mine, theirs = (_ip(self.ctx.address), self.qp_num), (_ip(remote_ip), dest.qpn)
         connect_fd, accept = -1, mine >= theirs  # the smaller (address, QPN) connects
