@@ -15,6 +15,10 @@ command -v systemd-analyze >/dev/null || need+=(systemd)
 # The peers' own tools, which the benchmarks run beside shift on the same netdevs (bench/peer_tools.py).
 command -v qperf >/dev/null || need+=(qperf)
 command -v iperf3 >/dev/null || need+=(iperf3)
+# The C core: gcc builds it (pip install -e); clang and its runtimes build the fuzz target (tests/core).
+command -v gcc >/dev/null || need+=(gcc)
+command -v clang >/dev/null || need+=(clang)
+[ -f "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null)" ] || need+=(libclang-rt-dev)
 # The verbs provider: Debian's pyverbs is built against the system's rdma-core (PyPI's builds its own
 # and then fails to load against older system libraries; see docs/hardware.md).
 [ -d "$system_pyverbs" ] || need+=(python3-pyverbs)

@@ -3,7 +3,8 @@
 The test bodies use only the verbs API. Everything provider-specific lives here: which devices the two
 hosts have and how a link is broken. SHIFT_TEST_PROVIDER picks the provider (default tcp); the tcp fabric
 is a lab of two hosts (`shift-lab`, prefix `vx`) whose links shiftd breaks (`shiftctl fail-nic`, down or
-black hole), removed at the end of the session.
+black hole), removed at the end of the session. SHIFT_TEST_PROVIDER=native is the same fabric with the tcp
+provider's native engine (the C core, SHIFT_TCP_ENGINE=native).
 
 SHIFT_TEST_PROVIDER=verbs runs the suite on this host's RNICs: both sides on the first device (QPs of one
 RNIC reach each other through it), or on the two named in SHIFT_TEST_VERBS_DEVICES=mlx5_0,mlx5_1 (which
@@ -98,6 +99,13 @@ def _tcp_fabric() -> Iterator[Fabric]:
         yield Fabric(devices=("vx_a", "vx_b"), link=LabLink(lab))
 
 
+def _native_fabric() -> Iterator[Fabric]:
+    """The tcp fabric with the C core as the tcp provider's engine (SHIFT_TCP_ENGINE=native)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SHIFT_TCP_ENGINE", "native")
+        yield from _tcp_fabric()
+
+
 def _verbs_fabric() -> Iterator[Fabric]:
     """This host's RNICs (see the module's docstring); every test skips, with the reason, without one."""
     from libshift.providers.verbs import VerbsProvider
@@ -117,7 +125,7 @@ def _verbs_fabric() -> Iterator[Fabric]:
         yield Fabric((a, b), None, "link faults take a real NIC down: set SHIFT_TEST_VERBS_BREAK_LINK=1")
 
 
-FABRICS = {"tcp": _tcp_fabric, "verbs": _verbs_fabric}
+FABRICS = {"tcp": _tcp_fabric, "native": _native_fabric, "verbs": _verbs_fabric}
 
 
 @pytest.fixture(scope="session")
