@@ -62,10 +62,16 @@ def kernel_package() -> str:
         result = subprocess.run(["apt-cache", "depends", KERNEL_META], capture_output=True, text=True)
     except FileNotFoundError:
         raise RxeError("no kernel: apt-cache is missing, so the Debian kernel cannot be looked up") from None
-    found = re.search(r"Depends:\s*(linux-image-\S+)", result.stdout)
+    found = depended_kernel(result.stdout)
     if result.returncode != 0 or found is None:
         raise RxeError(f"no kernel: `apt-cache depends {KERNEL_META}` names none ({_tail(result)})")
-    return found.group(1)
+    return found
+
+
+def depended_kernel(depends: str) -> str | None:
+    """The kernel package in `apt-cache depends linux-image-amd64`'s answer."""
+    found = re.search(r"Depends:\s*(linux-image-\S+)", depends)
+    return found.group(1) if found else None
 
 
 def ensure_packages(install: bool, log: Log) -> Kernel:
