@@ -76,6 +76,7 @@ def _boot(job: Job, kernel: Kernel, qemu: str, accel: str, out: BinaryIO, log: L
     try:
         host.make_initramfs(kernel, work / "initrd.img")
         env = {k: v for k, v in os.environ.items() if k != "TMPDIR"}  # the guest's /tmp is its own
+        env["PYTHONUNBUFFERED"] = "1"  # output.log is relayed as it grows: a buffered pytest would be silent
         (work / JOB).write_text(
             json.dumps(
                 {
