@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from libshift.providers import ProviderChannel, ProviderCQ
 from libshift.providers.verbs import fds
 from libshift.providers.verbs.binding import load, mapped
+from libshift.verbs.errors import VerbsRDMAError
 from libshift.verbs.wr import WC
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ class VerbsChannel(ProviderChannel):
         self._waiting = threading.Lock()  # one waiter consumes events at a time: readable means "ours"
         self._changing = threading.Lock()  # members change, or one is consumed: never both at once
         self._waker = fds.Waker()
+        self._closed = False
 
     def attach(self, cq_for: Any) -> Any:
         """A pyverbs channel of its own for the CQ that is being created (cq_for(channel) makes it)."""
@@ -57,6 +59,8 @@ class VerbsChannel(ProviderChannel):
         end = None if timeout is None else time.monotonic() + timeout
         with self._waiting:
             while True:
+                if self._closed:
+                    return None  # closed under the wait: no event can come
                 left = None if end is None else max(0.0, end - time.monotonic())
                 with self._changing:
                     watched = [self._waker.fd, *self._members]
@@ -80,17 +84,23 @@ class VerbsChannel(ProviderChannel):
             return cq
 
     def close(self) -> None:
-        with self._changing:
+        if self._closed:
+            return
+        self._closed = True
+        self._waker.wake()  # a waiter leaves its poll() and the channel before the files close under it
+        with self._waiting, self._changing:
             for channel, _cq in self._members.values():
                 channel.close()
             self._members.clear()
-        self._waker.close()
+            self._waker.close()
 
 
 class VerbsCQ(ProviderCQ):
     def __init__(self, ctx: VerbsContext, cqe: int, channel: VerbsChannel | None) -> None:
         self.ctx = ctx
         self.channel = channel
+        self._lock = threading.Lock()  # poll and close never overlap: pyverbs would poll the freed CQ
+        self._closed = False
         pv = load()
         with mapped(f"{ctx.device.name}: create_cq of {cqe} entries"):
             if channel is None:
@@ -106,7 +116,9 @@ class VerbsCQ(ProviderCQ):
         return make
 
     def poll(self, num_entries: int) -> list[WC]:
-        with mapped(f"{self.ctx.device.name}: poll_cq"):
+        with self._lock, mapped(f"{self.ctx.device.name}: poll_cq"):
+            if self._closed:
+                raise VerbsRDMAError(f"{self.ctx.device.name}: poll_cq on a closed CQ")
             _count, raw = self.cq.poll(num_entries)
         return [self.ctx.completion(wc) for wc in raw]
 
@@ -115,7 +127,8 @@ class VerbsCQ(ProviderCQ):
             self.cq.req_notify(solicited_only)
 
     def close(self) -> None:
-        with mapped(f"{self.ctx.device.name}: destroy_cq"):
+        with self._lock, mapped(f"{self.ctx.device.name}: destroy_cq"):
+            self._closed = True
             self.cq.close()
         if self.channel is not None:
             self.channel.detach(self)

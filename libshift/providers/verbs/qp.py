@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import errno
 import secrets
+import threading
 from collections import Counter, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from libshift.providers import ProviderQP
@@ -57,6 +60,8 @@ class VerbsQP(ProviderQP):
         # an error WC's opcode is undefined in ibverbs: remember what the signaled WRs were, in order
         self._sends: dict[int, deque[ibv_wc_opcode]] = {}
         self._recvs: Counter[int] = Counter()
+        self._lock = threading.Lock()  # a post and close() never overlap: pyverbs would use the freed QP
+        self._closed = False
         self.ctx.qps[self.qp_num] = self
 
     @property
@@ -96,6 +101,10 @@ class VerbsQP(ProviderQP):
             self._recvs.clear()
 
     def post_send(self, wr: SendWR) -> None:
+        with self._open("post_send"):
+            self._post_send(wr)
+
+    def _post_send(self, wr: SendWR) -> None:
         state = S(self.qp.qp_state)
         if state not in SEND_STATES:
             raise VerbsRDMAError(f"QP {self.qp_num}: post_send needs state RTS, the QP is {state.name}")
@@ -114,6 +123,10 @@ class VerbsQP(ProviderQP):
             self._sends.setdefault(wr.wr_id, deque()).append(opcode)
 
     def post_recv(self, wr: RecvWR) -> None:
+        with self._open("post_recv"):
+            self._post_recv(wr)
+
+    def _post_recv(self, wr: RecvWR) -> None:
         state = S(self.qp.qp_state)
         if state not in RECV_STATES:
             raise VerbsRDMAError(
@@ -121,6 +134,14 @@ class VerbsQP(ProviderQP):
             )
         self._post(self.qp.post_recv, convert.recv_wr(load(), wr), "receive", self.cap.max_recv_wr)
         self._recvs[wr.wr_id] += 1
+
+    @contextmanager
+    def _open(self, verb: str) -> Iterator[None]:
+        """Holds off close() for the duration; a QP closed before is refused (pyverbs would crash)."""
+        with self._lock:
+            if self._closed:
+                raise VerbsRDMAError(f"QP {self.qp_num}: {verb} on a closed QP")
+            yield
 
     def _post(self, post: Any, wr: Any, queue: str, depth: int) -> None:
         try:
@@ -151,5 +172,6 @@ class VerbsQP(ProviderQP):
 
     def close(self) -> None:
         self.ctx.qps.pop(self.qp_num, None)
-        with mapped(f"QP {self.qp_num}: destroy_qp"):
+        with self._lock, mapped(f"QP {self.qp_num}: destroy_qp"):
+            self._closed = True
             self.qp.close()
