@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from shiftlab.rxe.host import RxeError
@@ -40,6 +41,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)  # as ^C: the VM is powered off and its work share removed
     env = dict(item.split("=", 1) for item in args.env)
     job = Job(
         argv=args.argv,
@@ -57,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     except RxeError as exc:
         stderr_log(f"error: {exc}")
         return RUNNER_FAILED
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ QEMU process ended (by its PID) and the work share removed.
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,6 +28,7 @@ CODE_ROOT = Path(__file__).resolve().parents[2]  # the tree shiftlab is imported
 INIT = Path(__file__).resolve().with_name("init.sh")
 KVM_BOOT_DEADLINE = 60.0  # s: a KVM that does not reach init by then is taken as not working (TCG instead)
 CONSOLE_LINES = 15  # kept for the error of a failed boot
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 @dataclass
@@ -92,7 +95,11 @@ def _boot(job: Job, kernel: Kernel, qemu: str, accel: str, out: BinaryIO, log: L
         started = time.monotonic()
         log(f"booting {kernel.version} under {accel.upper()} ({job.cpus} CPUs, {job.memory})")
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
         )
         console = Console(proc, log, started)
         boot_deadline = KVM_BOOT_DEADLINE if accel == "kvm" and job.accel == "auto" else job.boot_timeout
@@ -114,6 +121,12 @@ def _boot(job: Job, kernel: Kernel, qemu: str, accel: str, out: BinaryIO, log: L
             proc.kill()
             proc.wait()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _die_with_parent() -> None:
+    """In QEMU's child before exec: SIGKILL when this process dies, however it dies (no orphaned VM)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def qemu_argv(qemu: str, kernel: Kernel, work: Path, accel: str, memory: str, cpus: int) -> list[str]:
