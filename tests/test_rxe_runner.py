@@ -82,7 +82,7 @@ def runner(tmp_path, monkeypatch):
         monkeypatch.setattr(host, "qemu", lambda: fake_qemu(tmp_path, guest))
         out = io.BytesIO()
         try:
-            return vm.run(vm.Job(argv=["true"], **job), out, progress.append), out.getvalue()
+            return vm.run(vm.Job(**{"argv": ["true"], **job}), out, progress.append), out.getvalue()
         finally:
             assert list(shares.iterdir()) == []  # the work share is gone, however the run ended
 
@@ -133,3 +133,8 @@ def test_the_cli_turns_an_error_into_one_line_and_exit_125(monkeypatch, capsys):
     assert (
         err == f"shiftlab.rxe: error: no qemu: {host.QEMU} is not on PATH (Debian package qemu-system-x86)\n"
     )
+
+
+def test_a_command_under_the_guests_own_tmp_is_refused_before_booting(runner):
+    with pytest.raises(RxeError, match=r"^/tmp/x\.sh: the guest has its own"):
+        runner("exit 1\n", argv=["/tmp/x.sh"])

@@ -29,6 +29,7 @@ INIT = Path(__file__).resolve().with_name("init.sh")
 KVM_BOOT_DEADLINE = 60.0  # s: a KVM that does not reach init by then is taken as not working (TCG instead)
 CONSOLE_LINES = 15  # kept for the error of a failed boot
 PR_SET_PDEATHSIG = 1  # prctl(2)
+GUEST_OWN = ("/tmp", "/run", "/dev/shm")  # tmpfs in the guest (init.sh)
 
 
 @dataclass
@@ -57,6 +58,7 @@ def stderr_log(text: str) -> None:
 def run(job: Job, out: BinaryIO | None = None, log: Log = stderr_log) -> int:
     """Run job.argv in the VM; its output goes to `out` (stdout), progress to `log`; returns its exit
     code. Raises RxeError when the VM could not run it."""
+    _check_visible(job)
     kernel = host.ensure_packages(job.install, log)
     qemu = host.qemu()
     accels = ["kvm", "tcg"] if job.accel == "auto" and host.kvm_candidate() else [job.accel]
@@ -71,6 +73,13 @@ def run(job: Job, out: BinaryIO | None = None, log: Log = stderr_log) -> int:
                 continue
             raise
     raise AssertionError("unreachable")
+
+
+def _check_visible(job: Job) -> None:
+    """The guest mounts its own /tmp, /run and /dev/shm over the host's: what is there it cannot see."""
+    for path in (job.cwd, job.argv[0]):
+        if any(Path(path).is_relative_to(own) for own in GUEST_OWN):
+            raise RxeError(f"{path}: the guest has its own {GUEST_OWN}; use a path outside them")
 
 
 def _boot(job: Job, kernel: Kernel, qemu: str, accel: str, out: BinaryIO, log: Log) -> int:
