@@ -48,6 +48,8 @@ class VerbsChannel(ProviderChannel):
         return channel
 
     def detach(self, cq: VerbsCQ) -> None:
+        if self._closed:
+            return  # its pyverbs channels closed with it (a CQ closed after its channel)
         with self._changing:
             for fd, (channel, member) in list(self._members.items()):
                 if member is cq:

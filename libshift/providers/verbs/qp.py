@@ -86,7 +86,9 @@ class VerbsQP(ProviderQP):
         current, target = S(self.qp.qp_state), S(attr.qp_state)
         if target == S.IBV_QPS_RTR and current != S.IBV_QPS_INIT:
             # refused as the device would, before the RTR attributes (attr.dest) are looked at
-            raise VerbsRDMAError(f"QP {self.qp_num}: cannot go from {current.name} to RTR", errno.EINVAL)
+            raise VerbsRDMAError(
+                f"QP {self.qp_num}: cannot go from {current.name} to {target.name}", errno.EINVAL
+            )
         if target == S.IBV_QPS_RTR:
             convert.peer_of(attr.dest, self.qp_num)
         pv_attr, mask = convert.modify_args(load(), self.ctx.port(), attr, current, self.qp_num, self.psn)
