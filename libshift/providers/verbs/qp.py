@@ -51,9 +51,12 @@ class VerbsQP(ProviderQP):
         )
         with mapped(f"{self.ctx.device.name}: create_qp"):
             self.qp = pv.qp.QP(pd.pd, init)
-        # ibv_create_qp writes back what the device granted (at least what was asked)
+        # what the device granted (at least what was asked): pyverbs' init attr shows only part of what
+        # ibv_create_qp wrote back (rxe: 4 send WRs asked, 7 granted, init still says 4), ibv_query_qp all
+        with mapped(f"{self.ctx.device.name}: query_qp"):
+            got = self.qp.query(pv.enums.IBV_QP_CAP)[0].cap
         self.cap = QPCap(
-            init.max_send_wr, init.max_recv_wr, init.max_send_sge, init.max_recv_sge, init.max_inline_data
+            got.max_send_wr, got.max_recv_wr, got.max_send_sge, got.max_recv_sge, got.max_inline_data
         )
         self.qp_num: int = self.qp.qp_num
         self.psn = secrets.randbits(24)
