@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from libshift.providers import ProviderChannel, ProviderCQ
 from libshift.providers.verbs import fds
 from libshift.providers.verbs.binding import load, mapped
-from libshift.verbs.errors import VerbsRDMAError
+from libshift.verbs.errors import CQOverflowError, VerbsRDMAError
 from libshift.verbs.wr import WC
 
 if TYPE_CHECKING:
@@ -103,12 +103,19 @@ class VerbsCQ(ProviderCQ):
         self.channel = channel
         self._lock = threading.Lock()  # poll and close never overlap: pyverbs would poll the freed CQ
         self._closed = False
+        # Overrun: rxe drops the completion, raises IBV_EVENT_CQ_ERR (pyverbs does not say of which CQ) and
+        # leaves the QPs as they are. Counting the completions that may be queued names the CQ that can
+        # have overrun; the context then moves its QPs to ERR and poll raises, as on other RNICs.
+        self._expected = 0  # signaled sends and receives posted to QPs of this CQ, minus those polled
+        self._counting = threading.Lock()
+        self.overrun = False
         pv = load()
         with mapped(f"{ctx.device.name}: create_cq of {cqe} entries"):
             if channel is None:
                 self.cq = pv.cq.CQ(ctx.context, cqe)
             else:
                 channel.attach(self._make(pv, cqe))
+        self.capacity: int = self.cq.cqe  # as granted: rxe rounds the size up
 
     def _make(self, pv: Any, cqe: int) -> Any:
         def make(pv_channel: Any) -> VerbsCQ:
@@ -121,8 +128,21 @@ class VerbsCQ(ProviderCQ):
         with self._lock, mapped(f"{self.ctx.device.name}: poll_cq"):
             if self._closed:
                 raise VerbsRDMAError(f"{self.ctx.device.name}: poll_cq on a closed CQ")
+            if self.overrun:
+                raise CQOverflowError(f"CQ overflow: more than {self.capacity} completions were not polled")
             _count, raw = self.cq.poll(num_entries)
+        with self._counting:
+            self._expected = max(0, self._expected - len(raw))  # unsignaled WRs' errors complete too
         return [self.ctx.completion(wc) for wc in raw]
+
+    def expect(self) -> None:
+        """A WR that will complete here was posted."""
+        with self._counting:
+            self._expected += 1
+
+    def may_have_overrun(self) -> bool:
+        with self._counting:
+            return self._expected > self.capacity
 
     def req_notify(self, solicited_only: bool) -> None:
         with mapped(f"{self.ctx.device.name}: req_notify_cq"):

@@ -39,6 +39,7 @@ class VerbsQP(ProviderQP):
         self.pd = pd
         self.ctx = pd.ctx
         self.sq_sig_all = sq_sig_all
+        self.cqs = (send_cq, recv_cq)
         pv = load()
         init = pv.qp.QPInitAttr(
             qp_type=pv.enums.IBV_QPT_RC,
@@ -105,6 +106,11 @@ class VerbsQP(ProviderQP):
             self._sends.clear()
             self._recvs.clear()
 
+    def to_error(self) -> None:
+        """To ERR on the provider's own account (a CQ overrun the device did not act on)."""
+        with self._open("modify_qp"), mapped(f"QP {self.qp_num}: modify_qp to ERR"):
+            self.qp.modify(load().qp.QPAttr(qp_state=int(S.IBV_QPS_ERR)), load().enums.IBV_QP_STATE)
+
     def post_send(self, wr: SendWR) -> None:
         with self._open("post_send"):
             self._post_send(wr)
@@ -124,6 +130,7 @@ class VerbsQP(ProviderQP):
             raise VerbsRDMAError(f"QP {self.qp_num}: {length} B inline, max_inline_data is {limit}")
         self._post(self.qp.post_send, convert.send_wr(load(), wr), "send", self.cap.max_send_wr)
         if self.sq_sig_all or wr.send_flags & SIGNALED:
+            self.cqs[0].expect()
             opcode = convert.WC_OPCODE[ibv_wr_opcode(wr.opcode)]
             self._sends.setdefault(wr.wr_id, deque()).append(opcode)
 
@@ -139,6 +146,7 @@ class VerbsQP(ProviderQP):
             )
         self._post(self.qp.post_recv, convert.recv_wr(load(), wr), "receive", self.cap.max_recv_wr)
         self._recvs[wr.wr_id] += 1
+        self.cqs[1].expect()
 
     @contextmanager
     def _open(self, verb: str) -> Iterator[None]:
