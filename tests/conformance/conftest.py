@@ -144,6 +144,15 @@ def contexts(fabric: Fabric) -> Iterator[tuple[Context, Context]]:
     b.close()
 
 
+@pytest.fixture(scope="session")
+def max_sge(contexts: tuple[Context, Context]) -> int:
+    """The SGEs a WR may carry on both devices: ibv_device_attr.max_sge (rxe: 32; mlx5: 30); the tcp
+    provider has no limit of its own, 64 stands for one."""
+    if PROVIDER != "verbs":
+        return 64
+    return min(ctx.impl.context.query_device().max_sge for ctx in contexts)
+
+
 @dataclass
 class Side:
     """One end of a connection: its PD, a CQ with a completion channel, a QP, and one MR."""
