@@ -33,11 +33,23 @@ PROVIDERS = os.environ.get("SHIFT_TEST_PROVIDER", "tcp,native").split(",")
 ALL_ACCESS = e.ALL_ACCESS
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test here is a lab test; one marked `only_on(providers...)` is left out (deselected, not
+    skipped) for any other provider of the run."""
     here = os.path.dirname(__file__)
+    kept, left_out = [], []
     for item in items:
-        if str(item.fspath).startswith(here):
-            item.add_marker(pytest.mark.lab)
+        if not str(item.fspath).startswith(here):
+            kept.append(item)
+            continue
+        item.add_marker(pytest.mark.lab)
+        only_on = item.get_closest_marker("only_on")
+        callspec = getattr(item, "callspec", None)
+        provider = callspec.params.get("fabric") if callspec else None
+        (left_out if only_on and provider not in only_on.args else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
 
 
 class LabLink:
@@ -151,6 +163,15 @@ def contexts(fabric: Fabric) -> Iterator[tuple[Context, Context]]:
     yield a, b
     a.close()
     b.close()
+
+
+@pytest.fixture(scope="session")
+def max_sge(contexts: tuple[Context, Context]) -> int:
+    """The SGEs a WR may carry on both devices: ibv_device_attr.max_sge (rxe: 32; mlx5: 30); the tcp
+    provider (either engine) has no limit of its own, 64 stands for one."""
+    if any(ctx.device.provider != "verbs" for ctx in contexts):
+        return 64
+    return min(ctx.impl.context.query_device().max_sge for ctx in contexts)
 
 
 @dataclass

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 
 import pytest
 
-from libshift.verbs import SGE, RecvWR, SendWR
+from libshift.verbs import SGE, RecvWR, SendWR, VerbsRDMAError
 from libshift.verbs import enums as e
 
 ERR = e.IBV_QPS_ERR
 LOCAL_ONLY = e.IBV_ACCESS_LOCAL_WRITE
+# Where ibverbs leaves the status to the device: the tcp provider's first, then what rxe (Soft-RoCE,
+# Debian 12's kernel 6.1) answers
+NO_REMOTE_WRITE = (e.IBV_WC_REM_ACCESS_ERR, e.IBV_WC_REM_INV_REQ_ERR)
+RECEIVE_TOO_SHORT = (e.IBV_WC_LOC_LEN_ERR, e.IBV_WC_LOC_QP_OP_ERR)
+SEND_TOO_LONG = (e.IBV_WC_REM_INV_REQ_ERR, e.IBV_WC_REM_OP_ERR)  # the sender's side of the same
+BAD_LKEY = (e.IBV_WC_LOC_PROT_ERR, e.IBV_WC_LOC_QP_OP_ERR)
 
 
 def sge(mr, offset: int, length: int) -> SGE:
@@ -70,7 +77,13 @@ def test_remote_access_violation_fails_with_rem_access_err_and_leaves_memory_unt
     wr = BAD_REQUESTS[case](a, b, b.mr)
     before = [bytes(mr.read(mr.length)) for mr in (b.mr, *b.extra)]
     b.qp.post_recv(RecvWR(wr_id=50, sg=[sge(b.mr, 0, 8)]))
-    a.qp.post_send(wr)
+    try:
+        a.qp.post_send(wr)
+    except VerbsRDMAError as exc:  # rxe refuses a misaligned atomic at post time, as ibverbs allows
+        assert case == "misaligned atomic" and exc.error_code == errno.EINVAL, exc
+        assert a.qp.qp_state == e.IBV_QPS_RTS
+        assert [bytes(mr.read(mr.length)) for mr in (b.mr, *b.extra)] == before
+        return
     a.qp.post_send(SendWR(wr_id=2, opcode=e.IBV_WR_SEND, sg=[sge(a.mr, 0, 4)]))
     got = a.wait(2)
     assert [(w.wr_id, w.status) for w in got] == [(1, e.IBV_WC_REM_ACCESS_ERR), (2, e.IBV_WC_WR_FLUSH_ERR)]
@@ -85,7 +98,8 @@ def test_qp_without_remote_write_access_refuses_writes(make_pair):
     a, b = pair.a, pair.b
     a.mr.write(b"\x11" * 16)
     a.qp.post_send(write(a, b.mr.buf, b.mr.rkey))
-    assert [w.status for w in a.wait()] == [e.IBV_WC_REM_ACCESS_ERR]
+    (wc,) = a.wait()
+    assert wc.status in NO_REMOTE_WRITE
     assert b.mr.read(16) == bytes(16)
 
 
@@ -93,15 +107,18 @@ def test_send_longer_than_the_receive_is_loc_len_err(pair):
     a, b = pair.a, pair.b
     b.qp.post_recv(RecvWR(wr_id=3, sg=[sge(b.mr, 0, 8)]))
     a.qp.post_send(SendWR(wr_id=4, opcode=e.IBV_WR_SEND, sg=[sge(a.mr, 0, 16)]))
-    assert [(w.wr_id, w.status) for w in b.wait()] == [(3, e.IBV_WC_LOC_LEN_ERR)]
-    assert [(w.wr_id, w.status) for w in a.wait()] == [(4, e.IBV_WC_REM_INV_REQ_ERR)]
+    (wc,) = b.wait()
+    assert wc.wr_id == 3 and wc.status in RECEIVE_TOO_SHORT
+    (wc,) = a.wait()
+    assert wc.wr_id == 4 and wc.status in SEND_TOO_LONG
     assert wait_state(a.qp, ERR) and wait_state(b.qp, ERR)
 
 
 def test_bad_lkey_is_loc_prot_err(pair):
     a = pair.a
     a.qp.post_send(SendWR(wr_id=5, opcode=e.IBV_WR_SEND, sg=[SGE(a.mr.buf, 8, a.mr.lkey ^ 1)]))
-    assert [(w.wr_id, w.status) for w in a.wait()] == [(5, e.IBV_WC_LOC_PROT_ERR)]
+    (wc,) = a.wait()
+    assert wc.wr_id == 5 and wc.status in BAD_LKEY
     assert a.qp.qp_state == ERR
 
 
@@ -153,10 +170,15 @@ def test_broken_link_gives_retry_exc_err_within_the_deadline_then_flushes(
     first = a.wait(1, timeout=10)
     elapsed = time.monotonic() - started
     deadline = ack_deadline(timeout, retry_cnt)
-    assert [(w.wr_id, w.status) for w in first] == [(10, e.IBV_WC_RETRY_EXC_ERR)]
-    assert deadline * 0.95 <= elapsed <= deadline + 0.5, (
-        f"failed after {elapsed:.3f} s, deadline {deadline:.3f} s"
-    )
+    assert [w.wr_id for w in first] == [10]
+    if first[0].status == e.IBV_WC_LOC_QP_OP_ERR and fault == "down":
+        # rxe knows its own link is down and fails the send at once, before any deadline
+        assert elapsed <= deadline + 0.5, f"failed after {elapsed:.3f} s, deadline {deadline:.3f} s"
+    else:
+        assert first[0].status == e.IBV_WC_RETRY_EXC_ERR
+        assert deadline * 0.95 <= elapsed <= deadline + 0.5, (
+            f"failed after {elapsed:.3f} s, deadline {deadline:.3f} s"
+        )
     rest = a.wait(3)
     assert sorted((w.wr_id, w.status) for w in rest) == [
         (11, e.IBV_WC_WR_FLUSH_ERR),
@@ -171,10 +193,9 @@ def test_posting_to_a_qp_in_err_flushes_at_once(pair):
     a.qp.to_err()
     a.qp.post_recv(RecvWR(wr_id=1, sg=[sge(a.mr, 0, 8)]))
     a.qp.post_send(SendWR(wr_id=2, opcode=e.IBV_WR_SEND, sg=[sge(a.mr, 0, 8)], send_flags=0))
-    assert sorted((w.wr_id, w.status) for w in a.wait(2)) == [
-        (1, e.IBV_WC_WR_FLUSH_ERR),
-        (2, e.IBV_WC_WR_FLUSH_ERR),
-    ]
+    got = sorted((w.wr_id, w.status) for w in a.wait(2, timeout=3))
+    flushed = [(1, e.IBV_WC_WR_FLUSH_ERR), (2, e.IBV_WC_WR_FLUSH_ERR)]
+    assert got in (flushed, flushed[1:]), got  # rxe flushes the send, not a receive posted in ERR
 
 
 def test_the_deadline_runs_between_acks_not_over_a_whole_message(make_pair):

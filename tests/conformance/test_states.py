@@ -90,33 +90,41 @@ def test_to_err_flushes_posted_receives(pair):
 
 
 def test_full_queues_refuse_with_enomem(make_pair):
+    """The queues hold what the device granted (qp.cap: tcp grants what was asked, rxe rounds up)."""
     pair = make_pair(cap=QPCap(max_send_wr=4, max_recv_wr=2), connected=False)
     a, b = pair.a, pair.b
+    granted = a.qp.cap
+    assert granted.max_send_wr >= 4 and granted.max_recv_wr >= 2
     a.qp.to_init(QPAttr(qp_access_flags=ALL_ACCESS))
-    a.qp.post_recv(recv(a))
-    a.qp.post_recv(recv(a))
+    for _ in range(granted.max_recv_wr):
+        a.qp.post_recv(recv(a))
     with pytest.raises(VerbsRDMAError, match="receive queue full") as info:
         a.qp.post_recv(recv(a))
     assert info.value.error_code == errno.ENOMEM
     b.qp.to_init(QPAttr(qp_access_flags=ALL_ACCESS))  # the peer never gets to RTR: nothing is answered
     a.qp.to_rtr(QPAttr(dest=b.qp.endpoint()))
     a.qp.to_rts(QPAttr(timeout=18))
-    for i in range(4):
+    for i in range(granted.max_send_wr):
         a.qp.post_send(send(a, wr_id=i))
     with pytest.raises(VerbsRDMAError, match="send queue full") as info:
-        a.qp.post_send(send(a, wr_id=4))
+        a.qp.post_send(send(a, wr_id=granted.max_send_wr))
     assert info.value.error_code == errno.ENOMEM
 
 
 def test_too_many_sges_or_too_much_inline_is_refused(make_pair):
+    """Past what the device granted (qp.cap: rxe grants more SGEs and inline space than asked)."""
     pair = make_pair(cap=QPCap(max_send_sge=2, max_inline_data=16))
     a = pair.a
-    sg = [SGE(a.mr.buf, 1, a.mr.lkey)] * 3
-    with pytest.raises(VerbsRDMAError, match="3 SGEs, max_send_sge is 2"):
+    sges, inline = a.qp.cap.max_send_sge, a.qp.cap.max_inline_data
+    assert sges >= 2 and inline >= 16
+    sg = [SGE(a.mr.buf, 1, a.mr.lkey)] * (sges + 1)
+    with pytest.raises(VerbsRDMAError, match=f"{sges + 1} SGEs, max_send_sge is {sges}"):
         a.qp.post_send(SendWR(opcode=e.IBV_WR_SEND, sg=sg))
-    with pytest.raises(VerbsRDMAError, match="max_inline_data is 16"):
+    with pytest.raises(VerbsRDMAError, match=f"max_inline_data is {inline}"):
         a.qp.post_send(
-            SendWR(opcode=e.IBV_WR_SEND, sg=[SGE(a.mr.buf, 17, a.mr.lkey)], send_flags=e.IBV_SEND_INLINE)
+            SendWR(
+                opcode=e.IBV_WR_SEND, sg=[SGE(a.mr.buf, inline + 1, a.mr.lkey)], send_flags=e.IBV_SEND_INLINE
+            )
         )
 
 

@@ -19,7 +19,7 @@ from libshift.providers.verbs import fds
 from libshift.providers.verbs.binding import load, mapped
 from libshift.providers.verbs.convert import LINK_LAYER, Port, work_completion
 from libshift.providers.verbs.cq import VerbsChannel, VerbsCQ
-from libshift.providers.verbs.events import AsyncEvent, Listener, Listeners, describe, meaning_of
+from libshift.providers.verbs.events import AsyncEvent, EventType, Listener, Listeners, describe, meaning_of
 from libshift.providers.verbs.gid import choose_gid, read_gid_table
 from libshift.providers.verbs.memory import VerbsPD
 from libshift.providers.verbs.qp import VerbsQP
@@ -127,10 +127,22 @@ class VerbsContext(ProviderContext):
         """Act on an event (choose the GID again when addresses may have moved) and surface it."""
         if meaning_of(event_type).readdress:
             self.readdress()
+        if event_type == EventType.CQ_ERR:
+            self._overrun()
         event = describe(self.device.name, event_type, self.port().num, self._failed_qps)
         log.info("%s: async event %s", self.device.name, event.name)
         self._listeners.emit(event)
         return event
+
+    def _overrun(self) -> None:
+        """A CQ overran: the QPs of every CQ that can have overrun go to ERR (IB's rule; rxe leaves them)."""
+        for qp in list(self.qps.values()):
+            overrun = [cq for cq in qp.cqs if cq.may_have_overrun()]
+            for cq in overrun:
+                cq.overrun = True
+            if overrun:
+                log.warning("%s: CQ overrun: QP %d goes to ERR", self.device.name, qp.qp_num)
+                qp.to_error()
 
     def _failed_qps(self) -> tuple[int, ...]:
         return tuple(num for num, qp in list(self.qps.items()) if _in_error(qp))

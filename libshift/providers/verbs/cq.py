@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from libshift.providers import ProviderChannel, ProviderCQ
 from libshift.providers.verbs import fds
 from libshift.providers.verbs.binding import load, mapped
+from libshift.vocabulary.errors import CQOverflowError, VerbsRDMAError
 from libshift.vocabulary.wr import WC
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ class VerbsChannel(ProviderChannel):
         self._waiting = threading.Lock()  # one waiter consumes events at a time: readable means "ours"
         self._changing = threading.Lock()  # members change, or one is consumed: never both at once
         self._waker = fds.Waker()
+        self._closed = False
 
     def attach(self, cq_for: Any) -> Any:
         """A pyverbs channel of its own for the CQ that is being created (cq_for(channel) makes it)."""
@@ -46,6 +48,8 @@ class VerbsChannel(ProviderChannel):
         return channel
 
     def detach(self, cq: VerbsCQ) -> None:
+        if self._closed:
+            return  # its pyverbs channels closed with it (a CQ closed after its channel)
         with self._changing:
             for fd, (channel, member) in list(self._members.items()):
                 if member is cq:
@@ -57,6 +61,8 @@ class VerbsChannel(ProviderChannel):
         end = None if timeout is None else time.monotonic() + timeout
         with self._waiting:
             while True:
+                if self._closed:
+                    return None  # closed under the wait: no event can come
                 left = None if end is None else max(0.0, end - time.monotonic())
                 with self._changing:
                     watched = [self._waker.fd, *self._members]
@@ -80,23 +86,36 @@ class VerbsChannel(ProviderChannel):
             return cq
 
     def close(self) -> None:
-        with self._changing:
+        if self._closed:
+            return
+        self._closed = True
+        self._waker.wake()  # a waiter leaves its poll() and the channel before the files close under it
+        with self._waiting, self._changing:
             for channel, _cq in self._members.values():
                 channel.close()
             self._members.clear()
-        self._waker.close()
+            self._waker.close()
 
 
 class VerbsCQ(ProviderCQ):
     def __init__(self, ctx: VerbsContext, cqe: int, channel: VerbsChannel | None) -> None:
         self.ctx = ctx
         self.channel = channel
+        self._lock = threading.Lock()  # poll and close never overlap: pyverbs would poll the freed CQ
+        self._closed = False
+        # Overrun: rxe drops the completion, raises IBV_EVENT_CQ_ERR (pyverbs does not say of which CQ) and
+        # leaves the QPs as they are. Counting the completions that may be queued names the CQ that can
+        # have overrun; the context then moves its QPs to ERR and poll raises, as on other RNICs.
+        self._expected = 0  # signaled sends and receives posted to QPs of this CQ, minus those polled
+        self._counting = threading.Lock()
+        self.overrun = False
         pv = load()
         with mapped(f"{ctx.device.name}: create_cq of {cqe} entries"):
             if channel is None:
                 self.cq = pv.cq.CQ(ctx.context, cqe)
             else:
                 channel.attach(self._make(pv, cqe))
+        self.capacity: int = self.cq.cqe  # as granted: rxe rounds the size up
 
     def _make(self, pv: Any, cqe: int) -> Any:
         def make(pv_channel: Any) -> VerbsCQ:
@@ -106,16 +125,32 @@ class VerbsCQ(ProviderCQ):
         return make
 
     def poll(self, num_entries: int) -> list[WC]:
-        with mapped(f"{self.ctx.device.name}: poll_cq"):
+        with self._lock, mapped(f"{self.ctx.device.name}: poll_cq"):
+            if self._closed:
+                raise VerbsRDMAError(f"{self.ctx.device.name}: poll_cq on a closed CQ")
+            if self.overrun:
+                raise CQOverflowError(f"CQ overflow: more than {self.capacity} completions were not polled")
             _count, raw = self.cq.poll(num_entries)
+        with self._counting:
+            self._expected = max(0, self._expected - len(raw))  # unsignaled WRs' errors complete too
         return [self.ctx.completion(wc) for wc in raw]
+
+    def expect(self) -> None:
+        """A WR that will complete here was posted."""
+        with self._counting:
+            self._expected += 1
+
+    def may_have_overrun(self) -> bool:
+        with self._counting:
+            return self._expected > self.capacity
 
     def req_notify(self, solicited_only: bool) -> None:
         with mapped(f"{self.ctx.device.name}: req_notify_cq"):
             self.cq.req_notify(solicited_only)
 
     def close(self) -> None:
-        with mapped(f"{self.ctx.device.name}: destroy_cq"):
+        with self._lock, mapped(f"{self.ctx.device.name}: destroy_cq"):
+            self._closed = True
             self.cq.close()
         if self.channel is not None:
             self.channel.detach(self)

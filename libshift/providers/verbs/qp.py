@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import errno
 import secrets
+import threading
 from collections import Counter, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from libshift.providers import ProviderQP
@@ -36,6 +39,7 @@ class VerbsQP(ProviderQP):
         self.pd = pd
         self.ctx = pd.ctx
         self.sq_sig_all = sq_sig_all
+        self.cqs = (send_cq, recv_cq)
         pv = load()
         init = pv.qp.QPInitAttr(
             qp_type=pv.enums.IBV_QPT_RC,
@@ -48,15 +52,20 @@ class VerbsQP(ProviderQP):
         )
         with mapped(f"{self.ctx.device.name}: create_qp"):
             self.qp = pv.qp.QP(pd.pd, init)
-        # ibv_create_qp writes back what the device granted (at least what was asked)
+        # what the device granted (at least what was asked): pyverbs' init attr shows only part of what
+        # ibv_create_qp wrote back (rxe: 4 send WRs asked, 7 granted, init still says 4), ibv_query_qp all
+        with mapped(f"{self.ctx.device.name}: query_qp"):
+            got = self.qp.query(pv.enums.IBV_QP_CAP)[0].cap
         self.cap = QPCap(
-            init.max_send_wr, init.max_recv_wr, init.max_send_sge, init.max_recv_sge, init.max_inline_data
+            got.max_send_wr, got.max_recv_wr, got.max_send_sge, got.max_recv_sge, got.max_inline_data
         )
         self.qp_num: int = self.qp.qp_num
         self.psn = secrets.randbits(24)
         # an error WC's opcode is undefined in ibverbs: remember what the signaled WRs were, in order
         self._sends: dict[int, deque[ibv_wc_opcode]] = {}
         self._recvs: Counter[int] = Counter()
+        self._lock = threading.Lock()  # a post and close() never overlap: pyverbs would use the freed QP
+        self._closed = False
         self.ctx.qps[self.qp_num] = self
 
     @property
@@ -79,6 +88,11 @@ class VerbsQP(ProviderQP):
     def modify(self, attr: QPAttr) -> None:
         convert.check_attr(attr)
         current, target = S(self.qp.qp_state), S(attr.qp_state)
+        if target == S.IBV_QPS_RTR and current != S.IBV_QPS_INIT:
+            # refused as the device would, before the RTR attributes (attr.dest) are looked at
+            raise VerbsRDMAError(
+                f"QP {self.qp_num}: cannot go from {current.name} to {target.name}", errno.EINVAL
+            )
         if target == S.IBV_QPS_RTR:
             convert.peer_of(attr.dest, self.qp_num)
         pv_attr, mask = convert.modify_args(load(), self.ctx.port(), attr, current, self.qp_num, self.psn)
@@ -92,7 +106,16 @@ class VerbsQP(ProviderQP):
             self._sends.clear()
             self._recvs.clear()
 
+    def to_error(self) -> None:
+        """To ERR on the provider's own account (a CQ overrun the device did not act on)."""
+        with self._open("modify_qp"), mapped(f"QP {self.qp_num}: modify_qp to ERR"):
+            self.qp.modify(load().qp.QPAttr(qp_state=int(S.IBV_QPS_ERR)), load().enums.IBV_QP_STATE)
+
     def post_send(self, wr: SendWR) -> None:
+        with self._open("post_send"):
+            self._post_send(wr)
+
+    def _post_send(self, wr: SendWR) -> None:
         state = S(self.qp.qp_state)
         if state not in SEND_STATES:
             raise VerbsRDMAError(f"QP {self.qp_num}: post_send needs state RTS, the QP is {state.name}")
@@ -107,10 +130,15 @@ class VerbsQP(ProviderQP):
             raise VerbsRDMAError(f"QP {self.qp_num}: {length} B inline, max_inline_data is {limit}")
         self._post(self.qp.post_send, convert.send_wr(load(), wr), "send", self.cap.max_send_wr)
         if self.sq_sig_all or wr.send_flags & SIGNALED:
+            self.cqs[0].expect()
             opcode = convert.WC_OPCODE[ibv_wr_opcode(wr.opcode)]
             self._sends.setdefault(wr.wr_id, deque()).append(opcode)
 
     def post_recv(self, wr: RecvWR) -> None:
+        with self._open("post_recv"):
+            self._post_recv(wr)
+
+    def _post_recv(self, wr: RecvWR) -> None:
         state = S(self.qp.qp_state)
         if state not in RECV_STATES:
             raise VerbsRDMAError(
@@ -118,6 +146,15 @@ class VerbsQP(ProviderQP):
             )
         self._post(self.qp.post_recv, convert.recv_wr(load(), wr), "receive", self.cap.max_recv_wr)
         self._recvs[wr.wr_id] += 1
+        self.cqs[1].expect()
+
+    @contextmanager
+    def _open(self, verb: str) -> Iterator[None]:
+        """Holds off close() for the duration; a QP closed before is refused (pyverbs would crash)."""
+        with self._lock:
+            if self._closed:
+                raise VerbsRDMAError(f"QP {self.qp_num}: {verb} on a closed QP")
+            yield
 
     def _post(self, post: Any, wr: Any, queue: str, depth: int) -> None:
         try:
@@ -148,5 +185,6 @@ class VerbsQP(ProviderQP):
 
     def close(self) -> None:
         self.ctx.qps.pop(self.qp_num, None)
-        with mapped(f"QP {self.qp_num}: destroy_qp"):
+        with self._lock, mapped(f"QP {self.qp_num}: destroy_qp"):
+            self._closed = True
             self.qp.close()
