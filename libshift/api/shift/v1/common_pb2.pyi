@@ -155,6 +155,22 @@ class FailoverReport(_message.Message):
     default_device: str
     def __init__(self, kind: _Optional[_Union[FailoverKind, str]] = ..., device: _Optional[str] = ..., backup_device: _Optional[str] = ..., reason: _Optional[str] = ..., downtime_seconds: _Optional[float] = ..., reposted_work_requests: _Optional[int] = ..., qps: _Optional[int] = ..., time_unix_nanos: _Optional[int] = ..., default_device: _Optional[str] = ...) -> None: ...
 
+class QpPath(_message.Message):
+    __slots__ = ("default_device", "device", "qps")
+    DEFAULT_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    QPS_FIELD_NUMBER: _ClassVar[int]
+    default_device: str
+    device: str
+    qps: int
+    def __init__(self, default_device: _Optional[str] = ..., device: _Optional[str] = ..., qps: _Optional[int] = ...) -> None: ...
+
+class QpPaths(_message.Message):
+    __slots__ = ("paths",)
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    paths: _containers.RepeatedCompositeFieldContainer[QpPath]
+    def __init__(self, paths: _Optional[_Iterable[_Union[QpPath, _Mapping]]] = ...) -> None: ...
+
 class AgentInfo(_message.Message):
     __slots__ = ("agent_id", "pid", "uid", "name", "job", "registered_unix_nanos", "qp_mappings", "mr_mappings", "qps_on_backup")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
