@@ -26,7 +26,7 @@ LIBSHIFT_FLOORS: list[tuple[str, ...]] = [
     ("libshift.grpc_polling",),
     ("libshift.providers",),
     ("libshift.device",),
-    ("libshift.verbs", "libshift.agent"),
+    ("libshift.verbs", "libshift.agent", "libshift.reportqueue"),
     ("libshift.shift", "libshift.perf"),
     ("libshift.collectives",),
     ("libshift.torch",),
