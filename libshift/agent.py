@@ -139,9 +139,10 @@ CHANNEL_OPTIONS = [
     # The NIC event stream is read on the agent's own event thread instead of being handed over from
     # gRPC's: one thread hop less between shiftd's write and the failover (~0.15 ms).
     (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
-    # gRPC's own reconnect backoff (1 s, growing to 2 min) would come on top of ours: the same schedule
+    # gRPC's own reconnect backoff (1 s, growing to 2 min) would come on top of ours: the same schedule.
+    # (Not its minimum, which is also how long a connection may take to be answered: 20 s, the wait in a
+    # held socket's backlog.)
     ("grpc.initial_reconnect_backoff_ms", int(RECONNECT_INITIAL * 1000)),
-    ("grpc.min_reconnect_backoff_ms", int(RECONNECT_INITIAL * 1000)),
     ("grpc.max_reconnect_backoff_ms", int(RECONNECT_MAX * 1000)),
 ]
 

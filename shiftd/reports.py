@@ -26,10 +26,9 @@ class SeenReports:
         if seq == 0:
             return True
         key = (pid, instance)
-        if self._highest.get(key, 0) >= seq:
-            return False
-        self._highest[key] = seq
-        self._highest.move_to_end(key)
+        highest = self._highest.get(key, 0)
+        self._highest[key] = max(highest, seq)
+        self._highest.move_to_end(key)  # a repeat, too, says the instance is alive
         while len(self._highest) > self._limit:
             self._highest.popitem(last=False)
-        return True
+        return seq > highest

@@ -170,6 +170,10 @@ class Lab:
         pid = Pid(state["pid"], state["start"])
         return pid if pid.alive() else None
 
+    def daemon_ready(self, host: str) -> bool:
+        """Whether the host's shiftd serves now (it said READY=1 to its supervisor)."""
+        return bool((_read_json(self.supervisor_state_path(host)) or {}).get("ready"))
+
     def restarts(self, host: str) -> int:
         """How often the supervisor has restarted the host's shiftd."""
         state = _read_json(self.supervisor_state_path(host))
@@ -440,7 +444,7 @@ class Lab:
         log when it does not. The socket itself accepts from the start: the supervisor holds it."""
         path, log = self.socket(host), self.log_path(host)
         deadline = time.monotonic() + self.ready_timeout
-        while not (_read_json(self.supervisor_state_path(host)) or {}).get("ready"):
+        while not self.daemon_ready(host):
             if proc.poll() is not None:
                 raise LabError(f"shiftd on {host} exited with status {proc.returncode}; see {log}")
             if time.monotonic() > deadline:
