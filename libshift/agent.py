@@ -48,9 +48,6 @@ MAPPINGS_PER_CALL = 4096  # shiftd refuses larger Publish calls (shiftd.agents.M
 RECONNECT_INITIAL = 0.05
 RECONNECT_MAX = 2.0
 FIRST_REGISTER_WAIT = 10.0  # connect waits this long for a daemon coming back on a held socket
-# a re-register waits this long in a held socket's backlog (gRPC's own limit for a connection's answer):
-# a shorter deadline abandoned the connection, and the retry then met gRPC's backoff (0.2-0.4 s late)
-REGISTER_WAIT = 20.0
 REPORT_RETRY = 0.1  # a report shiftd did not take is tried again this soon (or after the next register)
 REPORT_FLUSH = 2.0  # close waits this long for the reports still queued
 # a report call that ended so is tried again: shiftd is away, or does not know us yet; others refuse it
@@ -403,7 +400,7 @@ class Agent:
         while not self._closed.is_set():
             started = time.monotonic()
             try:
-                self._register(REGISTER_WAIT)
+                self._register()
                 return True
             except AgentError:
                 pass
