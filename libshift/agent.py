@@ -4,8 +4,8 @@ It registers the process, follows the daemon's NIC events on a background thread
 this process's `default -> backup` mappings and looks up the peers'. A restart of shiftd (a crash,
 an upgrade) loses nothing:
 - back at once: systemd's shiftd.socket (or the lab's supervisor) holds the socket across the restart,
-  so the agent's register waits in its backlog and goes through the moment the new daemon serves; a
-  register that fails fast (no socket held) is retried at once, then backing off while shiftd stays down;
+  so the agent's re-register (which waits for the channel to be ready) goes through the moment the new
+  daemon serves; with no socket held, gRPC reconnects on the agent's backoff while shiftd stays down;
 - nothing missed: the agent registers again with where its QPs run (the path sources), re-publishes
   everything it holds, and the event stream starts with every NIC's state, which goes to the listeners
   like any event (a NIC that failed or came back meanwhile is acted on);
@@ -139,9 +139,9 @@ CHANNEL_OPTIONS = [
     # The NIC event stream is read on the agent's own event thread instead of being handed over from
     # gRPC's: one thread hop less between shiftd's write and the failover (~0.15 ms).
     (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
-    # gRPC's own reconnect backoff (1 s, growing to 2 min) would come on top of ours: the same schedule.
-    # (Not its minimum, which is also how long a connection may take to be answered: 20 s, the wait in a
-    # held socket's backlog.)
+    # A re-register waits for gRPC's own reconnects (see Agent._reconnect), so their backoff is the agent's
+    # schedule while shiftd stays down: ours, not gRPC's default (1 s, growing to 2 min). A connection that
+    # sits in a held socket's backlog is given up after gRPC's min connect timeout (20 s); the next follows.
     ("grpc.initial_reconnect_backoff_ms", int(RECONNECT_INITIAL * 1000)),
     ("grpc.max_reconnect_backoff_ms", int(RECONNECT_MAX * 1000)),
 ]
@@ -342,12 +342,12 @@ class Agent:
         if not self._registered.is_set():
             raise AgentError(f"{method}: not registered with shiftd (it is away)")
 
-    def _register(self, timeout: float = CALL_TIMEOUT) -> None:
+    def _register(self, timeout: float = CALL_TIMEOUT, wait_for_ready: bool = False) -> None:
         request = agent_pb2.RegisterRequest(
             pid=os.getpid(), name=self.name[:200], job=self.job[:200], paths=self._paths()
         )
         try:
-            reply = self._stub.Register(request, timeout=timeout, wait_for_ready=False)
+            reply = self._stub.Register(request, timeout=timeout, wait_for_ready=wait_for_ready)
         except grpc.RpcError as exc:
             raise AgentError(f"Register: {exc.code().name}: {exc.details()}") from None
         with self._lock:  # a mapping published from now on is sent by its publisher, one before by us
@@ -391,16 +391,19 @@ class Agent:
             self._registered.clear()
 
     def _reconnect(self) -> bool:
-        """Register, at once and then backing off while shiftd stays down; whether it worked (not closed).
+        """Register again, as soon as the channel is up; whether it worked (not closed).
 
-        An attempt that waited (its connect sat in a held socket's backlog until the call's deadline)
-        was the pause already: the next one follows at once, so a daemon coming back is met the moment it
-        serves; only attempts that fail fast (no socket held) back off."""
+        The call waits for the channel to be ready: gRPC reconnects on its own (into a held socket's
+        backlog, answered the moment the new daemon serves; or, with no socket held, on its backoff). A
+        call that fails fast instead, in TRANSIENT_FAILURE (a connection given up after 20 s in the
+        backlog), would leave the re-register to our backoff, grown meanwhile: 0.2-0.9 s late, measured.
+        An attempt that waited until its deadline was the pause already: the next follows at once; only
+        one that failed fast (shiftd refused it) backs off."""
         delay = RECONNECT_INITIAL
         while not self._closed.is_set():
             started = time.monotonic()
             try:
-                self._register()
+                self._register(wait_for_ready=True)
                 return True
             except AgentError:
                 pass
