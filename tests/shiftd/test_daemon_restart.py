@@ -28,7 +28,7 @@ from shiftlab.lab import Lab
 from shiftlab.pids import Pid
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "failover"))
-from stream_harness import Peer, admin, assert_intact, failover_reports, wait_all_up
+from stream_harness import Stream, admin, assert_intact, failover_reports, wait_all_up
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
 
@@ -88,41 +88,9 @@ def registered_after_serving(lab: Lab, host: str, pid: int) -> float:
     return (agent.registered_unix_nanos - status(lab, host).serving_unix_nanos) / 1e9
 
 
-class Stream:
-    """peer.py's SEND stream h0 -> h1, started without asking h0's shiftd anything (it may be away)."""
-
-    def __init__(self, lab: Lab) -> None:
-        self.sender = Peer(lab, "h0", "sender", "--rate", "1000")
-        self.receiver = Peer(lab, "h1", "receiver")
-
-    def start(self) -> None:
-        sender, receiver = self.sender, self.receiver
-        ends = sender.read("endpoints", timeout=30), receiver.read("endpoints", timeout=30)
-        sender.send(**ends[1])
-        receiver.send(**ends[0])
-        for peer in (sender, receiver):
-            connected = peer.read("connected", timeout=30)
-            assert connected == {"connected": True, "resilient": True, "state": "default"}, connected
-        receiver.send(go=True)
-        sender.send(go=True)
-        sender.read("progress", timeout=20)
-
-    def state(self, timeout: float = 15.0) -> str:
-        return self.sender.read("state", timeout=timeout)["state"]
-
-    def finish(self) -> tuple[dict, dict]:
-        self.sender.send(stop=True)
-        sent = self.sender.read("done")
-        self.receiver.send(stop=True, expect=sent["completed"])
-        received = self.receiver.read("done")
-        for peer in (self.sender, self.receiver):
-            assert peer.end() == 0, peer.stderr()
-            assert "Traceback" not in peer.stderr(), peer.stderr()
-        return sent, received
-
-    def kill(self) -> None:
-        for peer in (self.sender, self.receiver):
-            peer.end(grace=0)
+def state(stream: Stream, timeout: float = 15.0) -> str:
+    """The sender's next change of state ("fallback", "default")."""
+    return stream.sender.read("state", timeout=timeout)["state"]
 
 
 # ---- the script the three tests share --------------------------------------------------------------
@@ -131,9 +99,9 @@ class Stream:
 def fail_and_fail_back_just_after(lab: Lab, stream: Stream) -> None:
     """A NIC failure just after the daemon is back (it must come as its NIC event), then the failback."""
     port(lab, "h0", up=False)
-    assert stream.state() == "fallback"
+    assert state(stream) == "fallback"
     port(lab, "h0", up=True)  # UP once past the lab's hold-down (1 s): the NIC event brings the QP home
-    assert stream.state() == "default"
+    assert state(stream) == "default"
 
 
 def check_record(lab: Lab, since: float, away: bool) -> None:
@@ -158,32 +126,29 @@ def run_away(lab: Lab, go_away) -> None:
     """h0's shiftd goes away under a stream (`go_away`), its NIC fails and comes back meanwhile, and the
     new daemon serves: the agent is back at once and knows where its QP runs; then the failure just
     after, its failback, and the record."""
-    wait_all_up(lab)
     since = time.time()
-    stream = Stream(lab)
     try:
-        stream.start()
-        old = lab.daemon("h0")
-        assert old is not None
-        go_away(lab, old)
-        new = held_successor(lab, "h0", old)
-        port(lab, "h0", up=False)  # no daemon sees it: the data path does
-        assert stream.state() == "fallback"
-        # the failover report waits in the agent's queue; shiftctl status would now say the QP is away
-        port(lab, "h0", up=True)  # the NIC comes back while the daemon is away
-        release(lab, "h0", new)
-        took = registered_after_serving(lab, "h0", stream.sender.pid)
-        print(f"\nagent re-registered {took * 1e3:.1f} ms after the new shiftd began serving")
-        assert took < REGISTER_BUDGET, f"{took * 1e3:.1f} ms"
-        # the snapshot says mlx5_0 is UP: the QP comes home (or already has, from its own probe)
-        assert stream.state() == "default"
-        fail_and_fail_back_just_after(lab, stream)
-        sent, received = stream.finish()
-        assert_intact(sent, received)
-        check_record(lab, since, away=True)
-        assert all(a.qps_on_backup == 0 for a in status(lab, "h0").agents)
+        with Stream(lab, "send") as stream:  # once every NIC is UP
+            old = lab.daemon("h0")
+            assert old is not None
+            go_away(lab, old)
+            new = held_successor(lab, "h0", old)
+            port(lab, "h0", up=False)  # no daemon sees it: the data path does
+            assert state(stream) == "fallback"
+            # the failover report waits in the agent's queue; shiftctl status would now say the QP is away
+            port(lab, "h0", up=True)  # the NIC comes back while the daemon is away
+            release(lab, "h0", new)
+            took = registered_after_serving(lab, "h0", stream.sender.pid)
+            print(f"\nagent re-registered {took * 1e3:.1f} ms after the new shiftd began serving")
+            assert took < REGISTER_BUDGET, f"{took * 1e3:.1f} ms"
+            # the snapshot says mlx5_0 is UP: the QP comes home (or already has, from its own probe)
+            assert state(stream) == "default"
+            fail_and_fail_back_just_after(lab, stream)
+            sent, received = stream.finish()
+            assert_intact(sent, received)
+            check_record(lab, since, away=True)
+            assert all(a.qps_on_backup == 0 for a in status(lab, "h0").agents)
     finally:
-        stream.kill()
         port(lab, "h0", up=True)
 
 
@@ -217,18 +182,21 @@ def test_shiftd_down_when_the_application_starts(lab: Lab) -> None:
     assert old is not None
     sigkill(lab, old)
     new = held_successor(lab, "h0", old)
-    stream = Stream(lab)  # its agent's register waits in the held socket's backlog
+    # its agent's register waits in the held socket's backlog
+    stream = Stream(lab, "send", healthy_first=False)
+    failed = True
     try:
         time.sleep(2.0)  # the peers start (imports, contexts) while the daemon is away
         release(lab, "h0", new)
         took = registered_after_serving(lab, "h0", stream.sender.pid)
         print(f"\nagent registered {took * 1e3:.1f} ms after the new shiftd began serving")
         assert took < REGISTER_BUDGET, f"{took * 1e3:.1f} ms"
-        stream.start()
+        stream.start(timeout=30)
         fail_and_fail_back_just_after(lab, stream)
         sent, received = stream.finish()
         assert_intact(sent, received)
         check_record(lab, since, away=False)
+        failed = False
     finally:
-        stream.kill()
+        stream.end(failed)
         port(lab, "h0", up=True)
