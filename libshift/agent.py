@@ -344,7 +344,12 @@ class Agent:
 
     def _register(self, timeout: float = CALL_TIMEOUT, wait_for_ready: bool = False) -> None:
         request = agent_pb2.RegisterRequest(
-            pid=os.getpid(), name=self.name[:200], job=self.job[:200], paths=self._paths()
+            pid=os.getpid(),
+            name=self.name[:200],
+            job=self.job[:200],
+            paths=self._paths(),
+            instance=self.instance,
+            reports_dropped=self.reports.dropped,
         )
         try:
             reply = self._stub.Register(request, timeout=timeout, wait_for_ready=wait_for_ready)
@@ -398,7 +403,9 @@ class Agent:
         call that fails fast instead, in TRANSIENT_FAILURE (a connection given up after 20 s in the
         backlog), would leave the re-register to our backoff, grown meanwhile: 0.2-0.9 s late, measured.
         An attempt that waited until its deadline was the pause already: the next follows at once; only
-        one that failed fast (shiftd refused it) backs off."""
+        one that failed fast (shiftd refused it) backs off. (The request, with our paths and drop count,
+        is as they were when its wait began: a switch since then has its report queued, which follows
+        the register with the paths and count of then.)"""
         delay = RECONNECT_INITIAL
         while not self._closed.is_set():
             started = time.monotonic()
@@ -420,7 +427,12 @@ class Agent:
             if not self._registered.wait(REPORT_RETRY):
                 continue
             request = agent_pb2.ReportFailoverRequest(
-                agent_id=self._agent_id, report=report, instance=self.instance, seq=seq, paths=self._paths()
+                agent_id=self._agent_id,
+                report=report,
+                instance=self.instance,
+                seq=seq,
+                paths=self._paths(),
+                reports_dropped=self.reports.dropped,
             )
             try:
                 self._stub.ReportFailover(request, timeout=CALL_TIMEOUT)

@@ -168,6 +168,13 @@ class AgentTable:
             agent.on_backup[report.device] += report.qps
         return True
 
+    def count_dropped(self, agent_id: str, cred: PeerCred, instance: str, dropped: int) -> int:
+        """The agent says it has dropped `dropped` failover reports in all (past its queue's bound, while
+        shiftd was away): kept for `shiftctl status`; how many of them this daemon had not heard of."""
+        agent = self._own(agent_id, cred)
+        agent.info.reports_dropped = dropped
+        return self._seen.newly_dropped(cred.pid, instance, dropped)
+
     def qps_on_backup(self, device: str) -> int:
         """QPs whose default device is `device` and which run on a backup now, over all live agents."""
         return sum(agent.on_backup[device] for agent in self.agents.values())

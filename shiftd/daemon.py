@@ -359,6 +359,10 @@ class Daemon:
             return await self.registry.wait_for(key, wait)
         return await self.registry.get(key)
 
+    def count_dropped(self, agent_id: str, cred: PeerCred, instance: str, dropped: int) -> None:
+        """An agent's count of the reports it ever dropped, told with its register and every report."""
+        self.metrics.reports_dropped.inc(self.agents.count_dropped(agent_id, cred, instance, dropped))
+
     def record_failover(self, report: common_pb2.FailoverReport) -> None:
         if report.kind == common_pb2.FAILOVER_KIND_FAILBACK:
             self.failbacks += 1

@@ -95,6 +95,7 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
         info = self.daemon.agents.register(
             context.peer(), cred, request.pid, request.name, request.job, paths
         )
+        self.daemon.count_dropped(info.agent_id, cred, request.instance, request.reports_dropped)
         return agent_pb2.RegisterResponse(
             agent_id=info.agent_id, host=self.daemon.host, nics=self.daemon.nic_protos()
         )
@@ -160,6 +161,7 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
         )
         if new:
             self.daemon.record_failover(request.report)
+        self.daemon.count_dropped(request.agent_id, cred, request.instance, request.reports_dropped)
         return agent_pb2.ReportFailoverResponse(duplicate=not new)
 
 

@@ -162,3 +162,17 @@ def test_an_agent_whose_shiftd_does_not_answer_yet_catches_up(path, daemons):
         assert agent.reconnects == 0  # its first registration, not a re-registration
     finally:
         agent.close()
+
+
+def test_the_count_of_dropped_reports_goes_with_every_register_and_report(path, daemons):
+    first = daemons(mlx5_0=UP)
+    with Agent.connect(str(path)) as agent:
+        agent.reports.dropped = 7  # as the queue counts those it dropped past its bound (test_reportqueue.py)
+        first.stop()
+        assert wait_until(lambda: not agent.registered)
+        agent.report(switch())
+        second = daemons(mlx5_0=UP)
+        assert wait_until(lambda: len(second.reports) == 1, timeout=10)
+    assert [(r.instance, r.reports_dropped) for r in first.registers] == [(agent.instance, 0)]
+    assert [(r.instance, r.reports_dropped) for r in second.registers] == [(agent.instance, 7)]
+    assert second.reports[0].reports_dropped == 7

@@ -209,3 +209,16 @@ def test_seen_reports_keep_the_latest_instances():
     assert seen.first_time(1, "c", 1)  # past the limit: "b", the oldest, is forgotten
     assert seen.first_time(1, "b", 1) and not seen.first_time(1, "c", 1)
     assert seen.first_time(1, "c", 5) and not seen.first_time(1, "c", 3)  # below the highest: a repeat
+
+
+def test_reports_an_agent_dropped_are_counted_once_per_instance(table):
+    agents, _, _ = table
+    a = agents.register("conn-a", ALICE, 100, "train", "job1").agent_id
+    assert agents.count_dropped(a, ALICE, "i", 0) == 0
+    assert agents.count_dropped(a, ALICE, "i", 3) == 3  # told with a report: 3 the daemon had not heard of
+    assert agents.count_dropped(a, ALICE, "i", 3) == 0  # told again (the next report, a re-register)
+    assert agents.count_dropped(a, ALICE, "i", 5) == 2
+    assert [i.reports_dropped for i in agents.infos()] == [5]  # for shiftctl status
+    assert agents.count_dropped(a, ALICE, "j", 1) == 1  # another instance of the process: its own count
+    with pytest.raises(RefusedRequest):
+        agents.count_dropped(a, BOB, "i", 9)  # only the agent's own process speaks for it
