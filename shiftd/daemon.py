@@ -176,7 +176,9 @@ class Daemon:
         private_path = str(self._private_dir / "grpc.sock")
         self._grpc = await start_grpc(self, private_path, self.config.server.max_message_bytes)
         self.relay.private_path = private_path
-        self.serving_unix_nanos = time.time_ns()  # before the first accept (relay.start yields to the loop)
+        # serving: gRPC answers behind the relay from here on, and the relay's first accept comes inside
+        # relay.start (asyncio yields to the loop as its server starts), so this is the moment, not after
+        self.serving_unix_nanos = time.time_ns()
         try:
             await self.relay.start(held)
         except OSError as exc:  # e.g. no CAP_CHOWN for the socket's group, or a read-only /run
