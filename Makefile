@@ -8,7 +8,10 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP) system-deps
 
-$(STAMP): pyproject.toml
+# the C core is compiled by the package build: a change to its sources installs (and so builds) again
+CORE_SOURCES := setup.py $(wildcard libshift/core/*.c libshift/core/*.h libshift/core/*.pyx libshift/core/*.pxd)
+
+$(STAMP): pyproject.toml $(CORE_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet 'torch==2.13.0'
@@ -48,4 +51,4 @@ install:
 	bash scripts/install.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache libshift/core/_core.c libshift/core/*.so

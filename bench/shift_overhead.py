@@ -7,6 +7,7 @@ shiftd registration), alternating plain and shift in every round so that both se
     for --seconds; bytes completed / time;
   - latency: 8-byte SEND ping-pong, busy polling on both sides; the median half round trip.
 The ratio of each is shift / plain from the medians over rounds. Targets: bandwidth >= 0.97, latency <= 1.05.
+A last line gives the peers' tools on the same link (bench/peer_tools.py): qperf tcp_lat and iperf3's stream.
 
     sudo .venv/bin/python bench/shift_overhead.py [--rounds 3] [--seconds 2] [--pings 2000]
 """
@@ -16,8 +17,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from dataclasses import asdict
 
+import peer_tools
 from failover_lab import Pair, arguments, lab_for, progress, save
+from peer_tools import Peers, PeerToolError, lab_end
 
 from shiftlab.lab import Lab
 
@@ -79,16 +83,20 @@ def main() -> int:
                         runs[metric][stack].append(measure(made[(metric, stack)], metric, args))
             for pair in made.values():
                 pair.stop()
+            progress("qperf and iperf3 on the same link...")
+            peers = peer_tools.measure(lab_end(lab, "h0"), lab_end(lab, "h1"), bw_size=args.bw_size)
+        except PeerToolError as exc:
+            raise SystemExit(f"shift_overhead: {exc}") from None
         finally:
             for pair in made.values():
                 pair.kill()
     print(file=sys.stderr)
-    print_table(runs, args)
-    save(args, {"bw_size": args.bw_size, "busy": args.busy, "runs": runs})
+    print_table(runs, args, peers)
+    save(args, {"bw_size": args.bw_size, "busy": args.busy, "runs": runs, "peers": asdict(peers)})
     return 0
 
 
-def print_table(runs: dict[str, dict[str, list[float]]], args: argparse.Namespace) -> None:
+def print_table(runs: dict[str, dict[str, list[float]]], args: argparse.Namespace, peers: Peers) -> None:
     waits = "busy polling" if args.busy else "blocking on completion channels"
     print(
         f"\nshift QP against bare tcp-provider QP, mlx5_0 h0 -> h1, {waits}, {args.rounds} alternating rounds"
@@ -110,6 +118,12 @@ def print_table(runs: dict[str, dict[str, list[float]]], args: argparse.Namespac
             f"{label:34} {plain * scale:10.1f} {shift * scale:10.1f} {ratio:7.3f}   {rounds:14} "
             f"{verdict(metric, ratio)}"
         )
+    lat, bw = (statistics.median(runs[m]["shift"]) for m in ("latency", "bandwidth"))
+    print(
+        f"\npeers on the same link: qperf tcp_lat {peers.tcp_lat * 1e6:.1f} us"
+        f" (shift {lat / peers.tcp_lat:.2f}x), iperf3 one stream {peers.iperf3 * 1e-6:.1f} MB/s"
+        f" (shift {bw / peers.iperf3:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

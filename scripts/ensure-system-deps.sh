@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install the Debian packages shift needs (etcd, iproute2, pyverbs) when they are missing; with a venv
-# directory as $1, also let that venv import Debian's pyverbs (and nothing else of dist-packages).
+# Install the Debian packages shift needs (etcd, iproute2, pyverbs, the benchmarks' qperf and iperf3) when
+# they are missing; with a venv directory as $1, also let that venv import Debian's pyverbs (and nothing else
+# of dist-packages).
 set -euo pipefail
 venv="${1:-}"
 system_pyverbs=/usr/lib/python3/dist-packages/pyverbs
@@ -11,6 +12,13 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v tc >/dev/null || need+=(iproute2)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v systemd-analyze >/dev/null || need+=(systemd)
+# The peers' own tools, which the benchmarks run beside shift on the same netdevs (bench/peer_tools.py).
+command -v qperf >/dev/null || need+=(qperf)
+command -v iperf3 >/dev/null || need+=(iperf3)
+# The C core: gcc builds it (pip install -e); clang and its runtimes build the fuzz target (tests/core).
+command -v gcc >/dev/null || need+=(gcc)
+command -v clang >/dev/null || need+=(clang)
+[ -f "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null)" ] || need+=(libclang-rt-dev)
 # The verbs provider: Debian's pyverbs is built against the system's rdma-core (PyPI's builds its own
 # and then fails to load against older system libraries; see docs/hardware.md).
 [ -d "$system_pyverbs" ] || need+=(python3-pyverbs)
@@ -23,10 +31,10 @@ if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-    # Debian's packages start a system etcd and Prometheus where systemd runs; the lab and the tests
-    # start their own.
+    # Debian's packages start a system etcd and Prometheus (and iperf3's server, if asked to) where
+    # systemd runs; the lab, the tests and the benchmarks start their own.
     if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
-        systemctl disable --now etcd prometheus >/dev/null 2>&1 || true
+        systemctl disable --now etcd prometheus iperf3 >/dev/null 2>&1 || true
     fi
 fi
 if [ -n "$venv" ]; then

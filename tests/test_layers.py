@@ -24,6 +24,7 @@ LIBSHIFT_FLOORS: list[tuple[str, ...]] = [
     ("libshift.gid", "libshift.devicetable"),
     ("libshift.vocabulary", "libshift.notices", "libshift.netns"),
     ("libshift.grpc_polling",),
+    ("libshift.core",),
     ("libshift.providers",),
     ("libshift.device",),
     ("libshift.verbs", "libshift.agent", "libshift.reportqueue"),

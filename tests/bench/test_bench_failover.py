@@ -95,6 +95,8 @@ def test_shift_overhead(lab, tmp_path: Path) -> None:
             (value,) = results["runs"][metric][stack]
             assert value > 0 and math.isfinite(value)
     assert "bandwidth" in table and "half round trip" in table
+    assert results["peers"]["tcp_lat"] > 0 and results["peers"]["iperf3"] > 0  # qperf, iperf3 on the link
+    assert "qperf tcp_lat" in table
 
 
 def test_many_qp_failover(lab, tmp_path: Path) -> None:

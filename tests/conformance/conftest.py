@@ -1,9 +1,11 @@
 """Fixtures of the verbs conformance suite: a two-host fabric, and connected RC QP pairs on it.
 
 The test bodies use only the verbs API. Everything provider-specific lives here: which devices the two
-hosts have and how a link is broken. SHIFT_TEST_PROVIDER picks the provider (default tcp); the tcp fabric
+hosts have and how a link is broken. SHIFT_TEST_PROVIDER picks the providers, a comma-separated list
+(default `tcp,native`: every test runs on each, until the native engine is the only one); the tcp fabric
 is a lab of two hosts (`shift-lab`, prefix `vx`) whose links shiftd breaks (`shiftctl fail-nic`, down or
-black hole), removed at the end of the session.
+black hole), removed at the end of the session. `native` is the same fabric with the tcp provider's
+native engine (the C core, SHIFT_TCP_ENGINE=native).
 
 SHIFT_TEST_PROVIDER=verbs runs the suite on this host's RNICs: both sides on the first device (QPs of one
 RNIC reach each other through it), or on the two named in SHIFT_TEST_VERBS_DEVICES=mlx5_0,mlx5_1 (which
@@ -27,7 +29,7 @@ from libshift.verbs import CQ, MR, PD, QP, WC, CompChannel, Context, QPAttr, QPC
 from libshift.verbs import enums as e
 from shiftlab.lab import Lab
 
-PROVIDER = os.environ.get("SHIFT_TEST_PROVIDER", "tcp")
+PROVIDERS = os.environ.get("SHIFT_TEST_PROVIDER", "tcp,native").split(",")
 ALL_ACCESS = e.ALL_ACCESS
 
 
@@ -98,6 +100,13 @@ def _tcp_fabric() -> Iterator[Fabric]:
         yield Fabric(devices=("vx_a", "vx_b"), link=LabLink(lab))
 
 
+def _native_fabric() -> Iterator[Fabric]:
+    """The tcp fabric with the C core as the tcp provider's engine (SHIFT_TCP_ENGINE=native)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SHIFT_TCP_ENGINE", "native")
+        yield from _tcp_fabric()
+
+
 def _verbs_fabric() -> Iterator[Fabric]:
     """This host's RNICs (see the module's docstring); every test skips, with the reason, without one."""
     from libshift.providers.verbs import VerbsProvider
@@ -117,14 +126,14 @@ def _verbs_fabric() -> Iterator[Fabric]:
         yield Fabric((a, b), None, "link faults take a real NIC down: set SHIFT_TEST_VERBS_BREAK_LINK=1")
 
 
-FABRICS = {"tcp": _tcp_fabric, "verbs": _verbs_fabric}
+FABRICS = {"tcp": _tcp_fabric, "native": _native_fabric, "verbs": _verbs_fabric}
 
 
-@pytest.fixture(scope="session")
-def fabric() -> Iterator[Fabric]:
-    if PROVIDER not in FABRICS:
-        pytest.fail(f"SHIFT_TEST_PROVIDER={PROVIDER}: known providers are {', '.join(FABRICS)}")
-    yield from FABRICS[PROVIDER]()
+@pytest.fixture(scope="session", params=PROVIDERS)
+def fabric(request: pytest.FixtureRequest) -> Iterator[Fabric]:
+    if request.param not in FABRICS:
+        pytest.fail(f"SHIFT_TEST_PROVIDER={request.param}: known providers are {', '.join(FABRICS)}")
+    yield from FABRICS[request.param]()
 
 
 @pytest.fixture

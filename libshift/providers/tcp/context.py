@@ -46,6 +46,22 @@ def netdev_ipv4(netdev: str, netns: str | None) -> str:
     return socket.inet_ntoa(reply[20:24])
 
 
+def device_socket(device: DeviceInfo, address: str) -> socket.socket:
+    """A non-blocking TCP socket in the device's namespace, bound to its netdev (SO_BINDTODEVICE) and
+    address."""
+    with device_netns(device.netns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device.netdev.encode())
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((address, 0))
+    except OSError as exc:
+        sock.close()
+        raise VerbsError(f"device {device.name}: cannot bind to {device.netdev}: {exc.strerror}") from None
+    sock.setblocking(False)
+    return sock
+
+
 class TcpContext(ProviderContext):
     def __init__(self, device: DeviceInfo) -> None:
         self.device = device
@@ -58,20 +74,7 @@ class TcpContext(ProviderContext):
         return gid_of_ipv4(self.address)
 
     def new_socket(self) -> socket.socket:
-        """A TCP socket in the device's namespace, bound to its netdev (SO_BINDTODEVICE) and address."""
-        with device_netns(self.device.netns):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, self.device.netdev.encode())
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.bind((self.address, 0))
-        except OSError as exc:
-            sock.close()
-            raise VerbsError(
-                f"device {self.device.name}: cannot bind to {self.device.netdev}: {exc.strerror}"
-            ) from None
-        sock.setblocking(False)
-        return sock
+        return device_socket(self.device, self.address)
 
     def new_key(self) -> int:
         key = random_key(self._keys)

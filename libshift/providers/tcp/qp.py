@@ -21,11 +21,12 @@ from libshift.gid import ipv4_of_gid
 from libshift.providers import ProviderQP
 from libshift.providers.tcp import wire
 from libshift.providers.tcp.conn import Connection
+from libshift.providers.tcp.qprules import TRANSITIONS, check_attr, rtr_peer, tcp_endpoint
 from libshift.providers.tcp.receiver import Responder
 from libshift.providers.tcp.sender import Outstanding, Requester
 from libshift.vocabulary.attrs import Endpoint, QPAttr, QPCap
 from libshift.vocabulary.enums import ibv_qp_state, ibv_wc_status
-from libshift.vocabulary.errors import VerbsError, VerbsRDMAError
+from libshift.vocabulary.errors import VerbsRDMAError
 from libshift.vocabulary.wr import WC, RecvWR, SendWR
 
 if TYPE_CHECKING:
@@ -33,13 +34,6 @@ if TYPE_CHECKING:
     from libshift.providers.tcp.memory import TcpPD
 
 S = ibv_qp_state
-TRANSITIONS = {
-    (S.IBV_QPS_RESET, S.IBV_QPS_INIT),
-    (S.IBV_QPS_INIT, S.IBV_QPS_INIT),
-    (S.IBV_QPS_INIT, S.IBV_QPS_RTR),
-    (S.IBV_QPS_RTR, S.IBV_QPS_RTS),
-    (S.IBV_QPS_RTS, S.IBV_QPS_RTS),
-}
 RECV_STATES = {S.IBV_QPS_INIT, S.IBV_QPS_RTR, S.IBV_QPS_RTS}
 ACK_BATCH = 16  # executed requests after which an ACK goes out at once
 ACK_DELAY = 200e-6  # otherwise the longest an ACK waits for a request to ride on
@@ -85,14 +79,7 @@ class TcpQP(ProviderQP):
         return self.remote.qpn if self.remote else 0
 
     def endpoint(self) -> Endpoint:
-        return Endpoint(
-            gid=self.ctx.gid(),
-            qpn=self.qp_num,
-            psn=self.psn,
-            device=self.ctx.device.name,
-            provider="tcp",
-            provider_data={"address": self.ctx.address, "port": self.qp_num},
-        )
+        return tcp_endpoint(self.ctx.device.name, self.ctx.address, self.qp_num, self.psn)
 
     def modify(self, attr: QPAttr) -> None:
         with self.engine.lock:
@@ -105,7 +92,7 @@ class TcpQP(ProviderQP):
                 return
             if (current, target) not in TRANSITIONS:
                 raise VerbsRDMAError(f"QP {self.qp_num}: cannot go from {current.name} to {target.name}")
-            _check_attr(attr)
+            check_attr(attr)
             if target == S.IBV_QPS_INIT:
                 self.access = int(attr.qp_access_flags)
             elif target == S.IBV_QPS_RTR:
@@ -119,13 +106,7 @@ class TcpQP(ProviderQP):
             self.pump()
 
     def _to_rtr(self, attr: QPAttr) -> None:
-        dest = attr.dest
-        if dest is None or dest.provider != "tcp" or "port" not in dest.provider_data:
-            raise VerbsError(f"QP {self.qp_num}: to_rtr needs the peer's tcp Endpoint in attr.dest")
-        try:
-            remote_ip = ipv4_of_gid(dest.gid)
-        except ValueError as exc:
-            raise VerbsError(str(exc)) from None
+        dest, remote_ip = rtr_peer(self.qp_num, attr)
         self.remote = dest
         self.min_rnr_timer = attr.min_rnr_timer
         self.responder.start(dest.psn if attr.rq_psn is None else attr.rq_psn)
@@ -382,10 +363,3 @@ class TcpQP(ProviderQP):
             self.responder.pop_all()
             self.listener.close()
             self.ctx.qps.discard(self)
-
-
-def _check_attr(attr: QPAttr) -> None:
-    for name, top in (("timeout", 31), ("retry_cnt", 7), ("rnr_retry", 7), ("min_rnr_timer", 31)):
-        value = getattr(attr, name)
-        if not 0 <= value <= top:
-            raise VerbsRDMAError(f"QP attribute {name}={value} is outside 0..{top}")

@@ -1,0 +1,342 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The Cython face of the C core (shift_core.h): one class per core object, as pyverbs faces libibverbs.
+
+The C side only ever sees pointers and numbers. What keeps Python objects alive is here: an MR holds the
+buffer it registered (a Py_buffer export, so a bytearray cannot be resized under the transport) until the
+core says nothing uses the memory any more; an MR still busy when closed waits in its context's graveyard.
+Every object holds its Context and does nothing once the context is closed, since sc_ctx_free has freed it.
+"""
+
+from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+
+cimport libshift.core.cshift as c
+
+from libshift.vocabulary.enums import ibv_wc_opcode, ibv_wc_status
+from libshift.vocabulary.wr import WC
+
+# why a post was refused (enum sc_post_error)
+POST_OK, POST_STATE, POST_QUEUE_FULL, POST_OPCODE, POST_SGES, POST_INLINE, POST_ATOMIC, POST_NOMEM = range(8)
+_STATUS = {int(s): s for s in ibv_wc_status}
+_OPCODE = {int(o): o for o in ibv_wc_opcode}
+DEF POLL_BATCH = 64
+
+
+cdef class Context:
+    cdef c.sc_ctx *ptr
+    cdef public bint closed
+    cdef list graveyard  # MRs closed while a transfer still used their memory
+
+    def __cinit__(self):
+        self.ptr = c.sc_ctx_new()
+        if self.ptr is NULL:
+            raise OSError("shift core: cannot start a context (threads or descriptors exhausted)")
+        self.graveyard = []
+
+    def progress(self):
+        """One non-blocking pass of progress on this thread."""
+        if not self.closed:
+            with nogil:
+                c.sc_ctx_progress(self.ptr)
+
+    @property
+    def failures(self):
+        return 0 if self.closed else c.sc_ctx_failures(self.ptr)
+
+    cdef void bury(self, MR mr):
+        self.graveyard.append(mr)
+        self.graveyard = [m for m in self.graveyard if not (<MR>m).try_free()]
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        with nogil:
+            c.sc_ctx_free(self.ptr)
+        for mr in self.graveyard:
+            (<MR>mr).release_buffer()
+        self.graveyard = []
+
+    def __dealloc__(self):
+        if not self.closed and self.ptr is not NULL:
+            c.sc_ctx_free(self.ptr)
+
+
+cdef class PD:
+    cdef c.sc_pd *ptr
+    cdef Context ctx
+    cdef bint closed
+
+    def __cinit__(self, Context ctx):
+        self.ctx = ctx
+        self.ptr = c.sc_pd_new(ctx.ptr)
+        if self.ptr is NULL:
+            raise MemoryError()
+
+    def close(self):
+        if not self.closed and not self.ctx.closed:
+            c.sc_pd_free(self.ptr)
+        self.closed = True
+
+
+cdef class MR:
+    cdef c.sc_mr *ptr
+    cdef Context ctx
+    cdef object buffer
+    cdef bint holding, closed
+    cdef c.Py_buffer view
+
+    def __cinit__(self, PD pd, object buffer, uint64_t length, uint32_t access):
+        self.ctx = pd.ctx
+        PyObject_GetBuffer(buffer, &self.view, PyBUF_WRITABLE)
+        self.holding = True
+        self.buffer = buffer
+        if <uint64_t>self.view.len < length:
+            self.release_buffer()
+            raise ValueError(f"MR buffer: {self.view.len} bytes, fewer than the length {length}")
+        self.ptr = c.sc_mr_reg(pd.ptr, self.view.buf, length, access)
+        if self.ptr is NULL:
+            self.release_buffer()
+            raise MemoryError()
+
+    @property
+    def addr(self):
+        return <uint64_t><size_t>self.view.buf
+
+    @property
+    def lkey(self):
+        return c.sc_mr_lkey(self.ptr)
+
+    @property
+    def rkey(self):
+        return c.sc_mr_rkey(self.ptr)
+
+    cdef void release_buffer(self):
+        if self.holding:
+            PyBuffer_Release(&self.view)
+            self.holding = False
+        self.buffer = None
+
+    cdef bint try_free(self):
+        if self.ctx.closed or c.sc_mr_try_free(self.ptr):
+            self.release_buffer()
+            return True
+        return False
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        if self.ctx.closed:
+            self.release_buffer()
+            return
+        c.sc_mr_dereg(self.ptr)
+        if not self.try_free():
+            self.ctx.bury(self)
+
+    def __dealloc__(self):
+        if self.holding:
+            PyBuffer_Release(&self.view)
+
+
+cdef class Channel:
+    cdef c.sc_chan *ptr
+    cdef Context ctx
+    cdef bint closed
+
+    def __cinit__(self, Context ctx):
+        self.ctx = ctx
+        self.ptr = c.sc_chan_new(ctx.ptr)
+        if self.ptr is NULL:
+            raise OSError("shift core: cannot make a completion channel")
+
+    def fileno(self):
+        return c.sc_chan_fd(self.ptr)
+
+    def wait(self, timeout):
+        """The cookie of the next armed CQ that got a completion; None when woken or after timeout s.
+        The interpreter lock is released while it waits on the channel's eventfd."""
+        cdef uint64_t cookie = 0
+        cdef int got, ms
+        cdef c.pollfd pfd
+        import time
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.ctx.closed and not self.closed:
+            got = c.sc_chan_take(self.ptr, &cookie)
+            if got == 1:
+                return cookie
+            if got == 2:
+                return None
+            if end is None:
+                ms = -1
+            else:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None
+                ms = max(1, int(left * 1000 + 0.999))
+            pfd.fd = c.sc_chan_fd(self.ptr)
+            pfd.events = c.POLLIN
+            with nogil:
+                c.poll(&pfd, 1, ms)
+        return None
+
+    def wake(self):
+        if not self.ctx.closed and not self.closed:
+            c.sc_chan_wake(self.ptr)
+
+    def close(self):
+        if not self.closed and not self.ctx.closed:
+            c.sc_chan_free(self.ptr)
+        self.closed = True
+
+
+cdef class CQ:
+    cdef c.sc_cq *ptr
+    cdef Context ctx
+    cdef bint closed
+    cdef public uint32_t cqe
+
+    def __cinit__(self, Context ctx, uint32_t cqe, Channel channel, uint64_t cookie):
+        self.ctx = ctx
+        self.cqe = cqe
+        self.ptr = c.sc_cq_new(ctx.ptr, cqe, NULL if channel is None else channel.ptr, cookie)
+        if self.ptr is NULL:
+            raise MemoryError()
+
+    def poll(self, int num_entries):
+        """Up to num_entries WCs, oldest first; None once the CQ has overflowed."""
+        cdef c.sc_wc wcs[POLL_BATCH]
+        cdef int got, i, want
+        out = []
+        if self.closed or self.ctx.closed:
+            return out
+        while num_entries > 0:
+            want = min(num_entries, POLL_BATCH)
+            with nogil:
+                got = c.sc_cq_poll(self.ptr, want, wcs)
+            if got < 0:
+                return None
+            for i in range(got):
+                w = &wcs[i]
+                out.append(WC(w.wr_id, _STATUS.get(w.status, w.status), _OPCODE.get(w.opcode, w.opcode),
+                              w.qp_num, w.byte_len, w.imm_data, w.wc_flags, w.src_qp))
+            if got < want:
+                break
+            num_entries -= got
+        return out
+
+    def req_notify(self, bint solicited_only):
+        if not self.closed and not self.ctx.closed:
+            c.sc_cq_req_notify(self.ptr, solicited_only)
+
+    def close(self):
+        if not self.closed and not self.ctx.closed:
+            c.sc_cq_free(self.ptr)
+        self.closed = True
+
+
+cdef c.sc_sge *sge_array(list lists) except NULL:
+    """The SGEs of every WR's list, one after the other, in one malloc'd array (the caller frees it)."""
+    cdef Py_ssize_t total = 0, k = 0
+    for sges in lists:
+        total += len(sges)
+    cdef c.sc_sge *cs = <c.sc_sge *>malloc(max(total, 1) * sizeof(c.sc_sge))
+    if cs is NULL:
+        raise MemoryError()
+    for sges in lists:
+        for sge in sges:
+            cs[k].addr, cs[k].length, cs[k].lkey = sge.addr, sge.length, sge.lkey
+            k += 1
+    return cs
+
+
+cdef class QP:
+    cdef c.sc_qp *ptr
+    cdef Context ctx
+    cdef bint closed
+
+    def __cinit__(self, PD pd, CQ send_cq, CQ recv_cq, tuple cap, bint sq_sig_all, int listen_fd,
+                  uint32_t qpn, uint32_t local_ip):
+        cdef c.sc_cap ccap
+        ccap.max_send_wr, ccap.max_recv_wr, ccap.max_send_sge, ccap.max_recv_sge, ccap.max_inline_data = cap
+        self.ctx = pd.ctx
+        self.ptr = c.sc_qp_new(pd.ptr, send_cq.ptr, recv_cq.ptr, &ccap, sq_sig_all, listen_fd, qpn, local_ip)
+        if self.ptr is NULL:
+            raise MemoryError()
+
+    @property
+    def state(self):
+        return c.sc_qp_state(self.ptr)
+
+    def to_init(self, uint32_t access):
+        c.sc_qp_to_init(self.ptr, access)
+
+    def to_rtr(self, uint32_t remote_ip, uint32_t remote_qpn, uint32_t rq_psn, int min_rnr_timer,
+               int connect_fd, bint accept):
+        c.sc_qp_to_rtr(self.ptr, remote_ip, remote_qpn, rq_psn, min_rnr_timer, connect_fd, accept)
+
+    def to_rts(self, uint64_t ack_timeout_ns, uint64_t retry_period_ns, int rnr_retry, uint32_t sq_psn):
+        c.sc_qp_to_rts(self.ptr, ack_timeout_ns, retry_period_ns, rnr_retry, sq_psn)
+
+    def to_err(self):
+        c.sc_qp_to_err(self.ptr)
+
+    def reset(self):
+        c.sc_qp_reset(self.ptr)
+
+    def post_send(self, wrs):
+        """Post SendWRs in order: (POST_OK or why the next one was refused, how many were posted)."""
+        cdef int n = len(wrs), i, k = 0, posted = 0, err
+        lists = [wr.sges() for wr in wrs]
+        cdef c.sc_sge *cs = sge_array(lists)
+        cdef c.sc_send_wr *cw = <c.sc_send_wr *>malloc(max(n, 1) * sizeof(c.sc_send_wr))
+        try:
+            if cw is NULL:
+                raise MemoryError()
+            for i in range(n):
+                wr = wrs[i]
+                op = int(wr.opcode)
+                cw[i].wr_id = wr.wr_id
+                cw[i].opcode = op if 0 <= op <= 6 else 0xFFFFFFFF
+                cw[i].send_flags = int(wr.send_flags)
+                cw[i].imm_data = wr.imm_data
+                cw[i].rkey = wr.rkey
+                cw[i].remote_addr = wr.remote_addr
+                cw[i].compare_add = wr.compare_add
+                cw[i].swap = wr.swap
+                cw[i].num_sge = len(lists[i])
+                cw[i].sg = &cs[k]
+                k += cw[i].num_sge
+            with nogil:
+                err = c.sc_qp_post_send(self.ptr, cw, n, &posted)
+        finally:
+            free(cw)
+            free(cs)
+        return err, posted
+
+    def post_recv(self, wrs):
+        """Post RecvWRs in order: (POST_OK or why the next one was refused, how many were posted)."""
+        cdef int n = len(wrs), i, k = 0, posted = 0, err
+        lists = [wr.sges() for wr in wrs]
+        cdef c.sc_sge *cs = sge_array(lists)
+        cdef c.sc_recv_wr *cw = <c.sc_recv_wr *>malloc(max(n, 1) * sizeof(c.sc_recv_wr))
+        try:
+            if cw is NULL:
+                raise MemoryError()
+            for i in range(n):
+                cw[i].wr_id = wrs[i].wr_id
+                cw[i].num_sge = len(lists[i])
+                cw[i].sg = &cs[k]
+                k += cw[i].num_sge
+            with nogil:
+                err = c.sc_qp_post_recv(self.ptr, cw, n, &posted)
+        finally:
+            free(cw)
+            free(cs)
+        return err, posted
+
+    def close(self):
+        if not self.closed and not self.ctx.closed:
+            c.sc_qp_free(self.ptr)
+        self.closed = True

@@ -1,0 +1,218 @@
+/* Completion queues and completion channels.
+ *
+ * A CQ holds at most cqe completions; one more overflows it, as on an RNIC: it is unusable from then on
+ * and the QP that pushed goes to ERR. An armed CQ reports once to its channel, whose eventfd then turns
+ * readable, so a Python thread can wait on it with the interpreter lock released.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static void signal_fd(int fd) {
+    uint64_t one = 1;
+    while (write(fd, &one, sizeof one) < 0 && errno == EINTR) {
+    }
+}
+
+static void drain_fd(int fd) {
+    uint64_t count;
+    while (read(fd, &count, sizeof count) < 0 && errno == EINTR) {
+    }
+}
+
+sc_chan *sc_chan_new(sc_ctx *ctx) {
+    sc_chan *chan = calloc(1, sizeof *chan);
+    if (!chan) return NULL;
+    chan->fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (chan->fd < 0) {
+        free(chan);
+        return NULL;
+    }
+    chan->ctx = ctx;
+    chan->refs = 1;
+    pthread_mutex_lock(&ctx->lock);
+    chan->next = ctx->chans;
+    if (ctx->chans) ctx->chans->prev = chan;
+    ctx->chans = chan;
+    pthread_mutex_unlock(&ctx->lock);
+    return chan;
+}
+
+int sc_chan_fd(const sc_chan *chan) { return chan->fd; }
+
+static void chan_put(struct sc_chan *chan) {
+    if (--chan->refs) return;
+    struct sc_ctx *ctx = chan->ctx;
+    if (chan->prev) chan->prev->next = chan->next;
+    else ctx->chans = chan->next;
+    if (chan->next) chan->next->prev = chan->prev;
+    close(chan->fd);
+    free(chan->events);
+    free(chan);
+}
+
+static int chan_notify(struct sc_chan *chan, struct sc_cq *cq) {
+    if (chan->count == chan->size) {
+        uint32_t size = chan->size ? chan->size * 2 : 8;
+        struct sc_cq **events = malloc(size * sizeof *events);
+        if (!events) return 0;
+        for (uint32_t i = 0; i < chan->count; i++) events[i] = chan->events[(chan->head + i) % chan->size];
+        free(chan->events);
+        chan->events = events;
+        chan->head = 0;
+        chan->size = size;
+    }
+    chan->events[(chan->head + chan->count) % chan->size] = cq;
+    chan->count++;
+    cq->refs++;
+    signal_fd(chan->fd);
+    return 1;
+}
+
+int sc_chan_take(sc_chan *chan, uint64_t *cookie) {
+    struct sc_ctx *ctx = chan->ctx;
+    int got = 0;
+    pthread_mutex_lock(&ctx->lock);
+    while (chan->count && !got) {
+        struct sc_cq *cq = chan->events[chan->head];
+        chan->head = (chan->head + 1) % chan->size;
+        chan->count--;
+        if (!cq->closed) {
+            *cookie = cq->cookie;
+            got = 1;
+        }
+        sc_cq_put(cq);
+    }
+    if (!got && chan->woken) {
+        chan->woken = 0;
+        got = 2;
+    }
+    if (!chan->count) drain_fd(chan->fd); /* before the lock is let go: a later event signals again */
+    pthread_mutex_unlock(&ctx->lock);
+    return got;
+}
+
+void sc_chan_wake(sc_chan *chan) {
+    pthread_mutex_lock(&chan->ctx->lock);
+    chan->woken = 1;
+    signal_fd(chan->fd);
+    pthread_mutex_unlock(&chan->ctx->lock);
+}
+
+void sc_chan_free(sc_chan *chan) {
+    struct sc_ctx *ctx = chan->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    chan->closed = 1;
+    while (chan->count) { /* queued events hold their CQs */
+        struct sc_cq *cq = chan->events[chan->head];
+        chan->head = (chan->head + 1) % chan->size;
+        chan->count--;
+        sc_cq_put(cq);
+    }
+    chan_put(chan);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+sc_cq *sc_cq_new(sc_ctx *ctx, uint32_t cqe, sc_chan *chan, uint64_t cookie) {
+    sc_cq *cq = calloc(1, sizeof *cq);
+    if (!cq) return NULL;
+    cq->ring = calloc(cqe ? cqe : 1, sizeof *cq->ring);
+    if (!cq->ring) {
+        free(cq);
+        return NULL;
+    }
+    cq->ctx = ctx;
+    cq->cqe = cqe;
+    cq->cookie = cookie;
+    cq->refs = 1;
+    pthread_mutex_lock(&ctx->lock);
+    cq->chan = chan;
+    if (chan) chan->refs++;
+    cq->next = ctx->cqs;
+    if (ctx->cqs) ctx->cqs->prev = cq;
+    ctx->cqs = cq;
+    pthread_mutex_unlock(&ctx->lock);
+    return cq;
+}
+
+int sc_cq_push(struct sc_cq *cq, const struct sc_wc *wc, int solicited) {
+    if (cq->closed) return 1; /* nobody will poll it: as good as consumed */
+    if (cq->overflowed || cq->count >= cq->cqe) cq->overflowed = 1;
+    else {
+        cq->ring[(cq->head + cq->count) % cq->cqe] = *wc;
+        cq->count++;
+    }
+    int armed = cq->armed;
+    int fire = armed != ARMED_NONE &&
+               (armed == ARMED_ANY || solicited || wc->status != WC_SUCCESS || cq->overflowed);
+    if (fire) {
+        cq->armed = ARMED_NONE;
+        if (cq->chan && !cq->chan->closed) chan_notify(cq->chan, cq);
+    }
+    return !cq->overflowed;
+}
+
+static int take(struct sc_cq *cq, int n, struct sc_wc *out) {
+    if (cq->overflowed) return -1;
+    int got = 0;
+    while (got < n && cq->count) {
+        out[got++] = cq->ring[cq->head];
+        cq->head = (cq->head + 1) % cq->cqe;
+        cq->count--;
+    }
+    return got;
+}
+
+int sc_cq_poll(sc_cq *cq, int n, struct sc_wc *out) {
+    struct sc_ctx *ctx = cq->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    if (!cq->count && !cq->overflowed) sc_pass(ctx, 0); /* a busy poll moves its own data */
+    int got = take(cq, n, out);
+    pthread_mutex_unlock(&ctx->lock);
+    return got;
+}
+
+void sc_cq_req_notify(sc_cq *cq, int solicited_only) {
+    pthread_mutex_lock(&cq->ctx->lock);
+    cq->armed = solicited_only ? ARMED_SOLICITED : ARMED_ANY;
+    pthread_mutex_unlock(&cq->ctx->lock);
+}
+
+void sc_cq_put(struct sc_cq *cq) {
+    if (--cq->refs) return;
+    struct sc_ctx *ctx = cq->ctx;
+    if (cq->prev) cq->prev->next = cq->next;
+    else ctx->cqs = cq->next;
+    if (cq->next) cq->next->prev = cq->prev;
+    if (cq->chan) chan_put(cq->chan);
+    free(cq->ring);
+    free(cq);
+}
+
+void sc_cq_free(sc_cq *cq) {
+    struct sc_ctx *ctx = cq->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    cq->closed = 1;
+    cq->count = 0;
+    sc_cq_put(cq);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+void sc_cq_free_all(struct sc_ctx *ctx) {
+    while (ctx->cqs) {
+        struct sc_cq *cq = ctx->cqs;
+        ctx->cqs = cq->next;
+        free(cq->ring);
+        free(cq);
+    }
+    while (ctx->chans) {
+        struct sc_chan *chan = ctx->chans;
+        ctx->chans = chan->next;
+        close(chan->fd);
+        free(chan->events);
+        free(chan);
+    }
+}

@@ -1,0 +1,292 @@
+/* The core's internals, shared by its files: one context lock guards every struct below. */
+#ifndef SHIFT_CORE_INTERNAL_H
+#define SHIFT_CORE_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "shift_core.h"
+#include "wire.h"
+
+#define SC_STAGING (1u << 16)     /* the context's buffer that small frames are read into */
+#define SC_DIRECT (1u << 14)      /* a payload this long is read straight into its place */
+#define SC_READ_BUDGET (4u << 20) /* bytes read from one socket per pass before the others get a turn */
+#define SC_KEY_BUCKETS 4096
+#define SC_INLINE_SPANS 2
+#define SC_ACK_BATCH 16           /* executed requests after which an ACK goes out at once */
+#define SC_ACK_DELAY_NS 200000    /* otherwise the longest an ACK waits for a request to ride on */
+#define SC_RNR_FOREVER 7
+
+/* ibverbs' numbers (libshift.vocabulary.enums) */
+enum {
+    WR_RDMA_WRITE = 0, WR_RDMA_WRITE_IMM = 1, WR_SEND = 2, WR_SEND_IMM = 3, WR_RDMA_READ = 4,
+    WR_CMP_SWP = 5, WR_FETCH_ADD = 6,
+};
+enum {
+    WC_SUCCESS = 0, WC_LOC_LEN_ERR = 1, WC_LOC_PROT_ERR = 4, WC_WR_FLUSH_ERR = 5, WC_BAD_RESP_ERR = 7,
+    WC_REM_INV_REQ_ERR = 9, WC_REM_ACCESS_ERR = 10, WC_REM_OP_ERR = 11, WC_RETRY_EXC_ERR = 12,
+    WC_RNR_RETRY_EXC_ERR = 13, WC_GENERAL_ERR = 21,
+};
+enum { WCO_SEND = 0, WCO_RDMA_WRITE = 1, WCO_RDMA_READ = 2, WCO_COMP_SWAP = 3, WCO_FETCH_ADD = 4,
+       WCO_RECV = 128, WCO_RECV_RDMA_WITH_IMM = 129 };
+enum { WC_FLAG_WITH_IMM = 2 };
+enum { SEND_SIGNALED = 2, SEND_SOLICITED = 4, SEND_INLINE = 8 };
+enum { ACCESS_LOCAL_WRITE = 1, ACCESS_REMOTE_WRITE = 2, ACCESS_REMOTE_READ = 4, ACCESS_REMOTE_ATOMIC = 8 };
+
+/* A piece of registered memory a transfer uses, with the MR it holds a reference on. */
+struct sc_span {
+    uint8_t *ptr;
+    uint32_t len;
+    struct sc_mr *mr;
+};
+
+/* Spans with a small inline store, so that the usual one-SGE request allocates nothing. */
+struct sc_spans {
+    uint32_t count;
+    struct sc_span *at;
+    struct sc_span inline_at[SC_INLINE_SPANS];
+};
+
+struct sc_mr {
+    struct sc_ctx *ctx;
+    uint32_t pd_id;
+    uint8_t *addr;
+    uint64_t length;
+    uint32_t access, lkey, rkey;
+    uint32_t refs; /* the key table's (while registered) and every span's */
+    int registered;
+    struct sc_mr *next_lkey, *next_rkey; /* key table chains */
+    struct sc_mr *next, *prev;           /* the context's list */
+};
+
+struct sc_pd {
+    struct sc_ctx *ctx;
+    uint32_t id;
+    struct sc_pd *next, *prev; /* the context's list */
+};
+
+struct sc_chan {
+    struct sc_ctx *ctx;
+    int fd;
+    int woken;
+    uint32_t refs; /* the owner's and its CQs' */
+    int closed;
+    struct sc_cq **events;
+    uint32_t head, count, size;
+    struct sc_chan *next, *prev;
+};
+
+enum { ARMED_NONE = 0, ARMED_ANY = 1, ARMED_SOLICITED = 2 };
+
+struct sc_cq {
+    struct sc_ctx *ctx;
+    struct sc_chan *chan;
+    uint64_t cookie;
+    struct sc_wc *ring;
+    uint32_t cqe, head, count;
+    int overflowed, armed;
+    uint32_t refs; /* the owner's, its QPs' and the channel's queued events */
+    int closed;
+    struct sc_cq *next, *prev;
+};
+
+/* An outgoing frame: its header, then the spans of its payload (held until the frame is sent). */
+struct sc_frame {
+    struct sc_frame *next;
+    uint8_t hdr[SC_WIRE_HEADER_SIZE];
+    struct sc_spans payload;
+    const uint8_t *inline_data; /* or the payload is these bytes (owned by the frame) */
+    uint32_t inline_len;
+    uint64_t sent, total;
+};
+
+struct sc_conn {
+    struct sc_ctx *ctx;
+    struct sc_qp *qp;
+    int fd;
+    uint64_t watch;
+    int closed, closing, shut, want_write;
+    /* input */
+    uint8_t hdr[SC_WIRE_HEADER_SIZE];
+    uint32_t hdr_got;
+    int in_frame, placing;
+    struct sc_hdr frame;
+    uint32_t left;
+    struct sc_spans targets;
+    uint32_t target_pos, target_off;
+    /* output: responses first, then the requester's next request */
+    struct sc_frame *out_head, *out_tail, *cur;
+    struct sc_conn *next_dead;
+};
+
+struct sc_sq_item {
+    uint64_t wr_id, seq;
+    uint32_t opcode, length, rkey, imm;
+    uint64_t addr, arg1, arg2;
+    uint16_t flags;
+    int signaled, error;
+    uint32_t rnr_tries;
+    struct sc_spans local;
+    uint8_t *inline_data;
+};
+
+struct sc_rq_item {
+    uint64_t wr_id;
+    uint64_t capacity;
+    int denied; /* an SGE named memory this QP may not write */
+    struct sc_spans buffers;
+};
+
+/* TCP's view of the path for the ack deadline (liveness.c). */
+struct sc_path {
+    int have_mark;
+    uint64_t mark;
+};
+
+struct sc_qp {
+    struct sc_ctx *ctx;
+    uint32_t pd_id;
+    struct sc_cq *send_cq, *recv_cq;
+    struct sc_cap cap;
+    int sq_sig_all;
+    int state;
+    uint32_t qpn, local_ip;
+    int listen_fd;
+    uint64_t listen_watch, connect_watch;
+    int connect_fd;
+    uint32_t access;
+    uint8_t rnr_retry, min_rnr_timer;
+    uint32_t remote_ip, remote_qpn;
+    int has_remote;
+    struct sc_conn *conn, *pending;
+    /* requester */
+    struct sc_sq_item *sq;
+    uint32_t sq_head, sq_count;
+    uint64_t next_seq, tx_seq;
+    int rnr_wait;
+    uint64_t ack_timeout_ns, retry_period_ns;
+    int64_t deadline, look; /* 0: none */
+    struct sc_path path;
+    /* responder */
+    struct sc_rq_item *rq;
+    uint32_t rq_head, rq_count;
+    uint32_t expected;
+    int has_ack;
+    uint32_t ack_seq, unacked;
+    int accepted;
+    /* timers (0: off) */
+    int64_t t_deadline, t_rnr, t_ack;
+    struct sc_qp *next, *prev;
+};
+
+enum { WATCH_FREE = 0, WATCH_WAKE, WATCH_CONN, WATCH_LISTEN, WATCH_CONNECTING };
+
+struct sc_watch {
+    uint32_t gen;
+    int kind;
+    void *obj;
+};
+
+struct sc_ctx {
+    pthread_mutex_t lock;
+    pthread_t thread;
+    int epfd, wakefd;
+    int stopping;
+    int64_t sleep_until; /* when the progress thread's wait ends by itself (0: not waiting) */
+    uint64_t failures;
+    uint32_t next_pd;
+    struct sc_watch *watches;
+    uint32_t nwatches;
+    struct sc_mr *keys_l[SC_KEY_BUCKETS], *keys_r[SC_KEY_BUCKETS];
+    struct sc_pd *pds;
+    struct sc_mr *mrs;
+    struct sc_cq *cqs;
+    struct sc_chan *chans;
+    struct sc_qp *qps;
+    struct sc_conn *dead; /* closed connections, freed at the end of a pass */
+    uint8_t staging[SC_STAGING];
+};
+
+/* engine.c */
+int64_t sc_now(void);
+uint64_t sc_watch_add(struct sc_ctx *ctx, int fd, int kind, void *obj, int want_write);
+void sc_watch_mod(struct sc_ctx *ctx, int fd, uint64_t watch, int want_write);
+void sc_watch_del(struct sc_ctx *ctx, int fd, uint64_t watch);
+void sc_timer_changed(struct sc_ctx *ctx, int64_t due);
+void sc_pass(struct sc_ctx *ctx, int timeout_ms);
+
+/* mr.c */
+struct sc_mr *sc_mr_local(struct sc_ctx *ctx, uint32_t pd_id, uint32_t lkey);
+struct sc_mr *sc_mr_remote(struct sc_ctx *ctx, uint32_t pd_id, uint32_t rkey);
+/* The span [addr, addr+len) of mr, referenced; 0 when out of its bounds. */
+int sc_mr_span(struct sc_mr *mr, uint64_t addr, uint64_t len, struct sc_span *out);
+void sc_mr_put(struct sc_mr *mr);
+struct sc_span *sc_spans_alloc(struct sc_spans *spans, uint32_t count);
+void sc_spans_release(struct sc_spans *spans);
+void sc_mr_free_all(struct sc_ctx *ctx);
+
+/* cq.c */
+int sc_cq_push(struct sc_cq *cq, const struct sc_wc *wc, int solicited);
+void sc_cq_put(struct sc_cq *cq);
+void sc_cq_free_all(struct sc_ctx *ctx);
+
+/* conn.c */
+struct sc_conn *sc_conn_new(struct sc_ctx *ctx, struct sc_qp *qp, int fd);
+void sc_conn_ready(struct sc_conn *conn, int readable, int writable);
+void sc_conn_read_pending(struct sc_conn *conn);
+void sc_conn_send(struct sc_conn *conn, struct sc_frame *frame);
+void sc_conn_pump(struct sc_conn *conn);
+void sc_conn_close_when_sent(struct sc_conn *conn);
+void sc_conn_close(struct sc_conn *conn);
+void sc_conn_reap(struct sc_ctx *ctx);
+struct sc_frame *sc_frame_new(const struct sc_hdr *hdr);
+/* Counts the frame's bytes once its payload is attached. */
+void sc_frame_seal(struct sc_frame *frame);
+void sc_frame_free(struct sc_frame *frame);
+
+/* qp.c: the connection's sink, and what the halves share */
+int sc_qp_on_header(struct sc_qp *qp, struct sc_conn *conn, const struct sc_hdr *hdr);
+void sc_qp_on_frame(struct sc_qp *qp, struct sc_conn *conn, const struct sc_hdr *hdr, int placed);
+void sc_qp_after_input(struct sc_qp *qp, struct sc_conn *conn);
+struct sc_frame *sc_qp_next_request(struct sc_qp *qp, struct sc_conn *conn);
+void sc_qp_on_broken(struct sc_qp *qp, struct sc_conn *conn);
+void sc_qp_listen_ready(struct sc_qp *qp);
+void sc_qp_connect_ready(struct sc_qp *qp);
+void sc_qp_fire_timers(struct sc_qp *qp, int64_t now);
+int64_t sc_qp_next_due(const struct sc_qp *qp);
+void sc_qp_enter_error(struct sc_qp *qp);
+void sc_qp_send_response(struct sc_qp *qp, struct sc_frame *frame);
+void sc_qp_complete_send(struct sc_qp *qp, const struct sc_sq_item *item, int status);
+void sc_qp_complete_recv(struct sc_qp *qp, const struct sc_wc *wc, int solicited);
+void sc_qp_pump(struct sc_qp *qp);
+void sc_qp_free_all(struct sc_ctx *ctx);
+
+/* requester.c */
+enum sc_post_error sc_req_post(struct sc_qp *qp, const struct sc_send_wr *wr);
+struct sc_frame *sc_req_next(struct sc_qp *qp, int with_ack, uint32_t ack);
+int sc_req_unsent(const struct sc_qp *qp);
+void sc_req_arm(struct sc_qp *qp);
+void sc_req_on_ack(struct sc_qp *qp, uint32_t wire_seq);
+void sc_req_on_nak(struct sc_qp *qp, uint32_t wire_seq, uint32_t syndrome, uint64_t rnr_timer);
+int sc_req_read_targets(struct sc_qp *qp, const struct sc_hdr *hdr, struct sc_spans *out);
+void sc_req_on_read_response(struct sc_qp *qp, const struct sc_hdr *hdr, int placed);
+void sc_req_on_atomic_response(struct sc_qp *qp, const struct sc_hdr *hdr);
+void sc_req_check_deadline(struct sc_qp *qp);
+void sc_req_rnr_resume(struct sc_qp *qp);
+void sc_req_fail_head(struct sc_qp *qp, int status);
+void sc_req_flush(struct sc_qp *qp, int push);
+
+/* responder.c */
+enum sc_post_error sc_resp_post(struct sc_qp *qp, const struct sc_recv_wr *wr);
+int sc_resp_on_request(struct sc_qp *qp, const struct sc_hdr *hdr, struct sc_spans *targets);
+void sc_resp_on_request_done(struct sc_qp *qp, const struct sc_hdr *hdr, int placed);
+int sc_resp_take_ack(struct sc_qp *qp, uint32_t *seq);
+void sc_resp_flush(struct sc_qp *qp, int push);
+
+/* liveness.c: 1 alive, 0 not, -1 nothing to compare with yet */
+void sc_path_reset(struct sc_path *path);
+int sc_path_alive(struct sc_path *path, int fd);
+
+#endif

@@ -1,0 +1,123 @@
+/* The shift core's API: a software RC transport over kernel TCP (the tcp provider's native engine).
+ *
+ * Objects belong to a context (sc_ctx), whose progress thread (pthread + epoll) moves the bytes while
+ * nobody polls; a poll that finds its CQ empty makes one non-blocking pass itself. Every call takes the
+ * context's lock, so any thread may call; nothing here calls back into the caller. Numbers are ibverbs'
+ * (opcodes, statuses, access and send flags), as libshift.vocabulary spells them.
+ *
+ * Ownership: sc_ctx_free frees every object of the context. Before that, each object is freed by its own
+ * call; an MR's memory belongs to the caller, who may let it go once sc_mr_try_free has said yes. Sockets
+ * are made by the caller (inside the device's network namespace, bound to its netdev) and handed over.
+ */
+#ifndef SHIFT_CORE_H
+#define SHIFT_CORE_H
+
+#include <stdint.h>
+
+typedef struct sc_ctx sc_ctx;
+typedef struct sc_pd sc_pd;
+typedef struct sc_mr sc_mr;
+typedef struct sc_cq sc_cq;
+typedef struct sc_chan sc_chan;
+typedef struct sc_qp sc_qp;
+
+struct sc_sge {
+    uint64_t addr;
+    uint32_t length;
+    uint32_t lkey;
+};
+
+struct sc_send_wr {
+    uint64_t wr_id;
+    uint32_t opcode;     /* ibv_wr_opcode */
+    uint32_t send_flags; /* ibv_send_flags */
+    uint32_t imm_data;
+    uint32_t rkey;
+    uint64_t remote_addr, compare_add, swap;
+    uint32_t num_sge;
+    const struct sc_sge *sg;
+};
+
+struct sc_recv_wr {
+    uint64_t wr_id;
+    uint32_t num_sge;
+    const struct sc_sge *sg;
+};
+
+struct sc_wc {
+    uint64_t wr_id;
+    uint32_t status, opcode, qp_num, byte_len, imm_data, wc_flags, src_qp;
+};
+
+struct sc_cap {
+    uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data;
+};
+
+/* Why a post was refused (the WRs before the refused one stay posted). */
+enum sc_post_error {
+    SC_POST_OK = 0,
+    SC_POST_STATE,      /* the QP's state does not take this post */
+    SC_POST_QUEUE_FULL, /* max_send_wr / max_recv_wr */
+    SC_POST_OPCODE,     /* not a send opcode */
+    SC_POST_SGES,       /* more SGEs than max_send_sge / max_recv_sge */
+    SC_POST_INLINE,     /* more inline bytes than max_inline_data */
+    SC_POST_ATOMIC,     /* an atomic needs one SGE of 8 bytes */
+    SC_POST_NOMEM,
+};
+
+enum sc_qp_state { SC_QPS_RESET = 0, SC_QPS_INIT = 1, SC_QPS_RTR = 2, SC_QPS_RTS = 3, SC_QPS_ERR = 6 };
+
+/* The context: NULL with errno set when its thread or descriptors cannot be had. */
+sc_ctx *sc_ctx_new(void);
+void sc_ctx_free(sc_ctx *ctx);
+/* One non-blocking pass of progress on the caller's thread. */
+void sc_ctx_progress(sc_ctx *ctx);
+/* Handler failures the engine survived (a protocol error counts as the peer's fault, not one of these). */
+uint64_t sc_ctx_failures(sc_ctx *ctx);
+
+sc_pd *sc_pd_new(sc_ctx *ctx);
+/* Deregisters the PD's MRs (their structs stay until sc_mr_try_free) and frees the PD. */
+void sc_pd_free(sc_pd *pd);
+
+sc_mr *sc_mr_reg(sc_pd *pd, void *addr, uint64_t length, uint32_t access);
+uint32_t sc_mr_lkey(const sc_mr *mr);
+uint32_t sc_mr_rkey(const sc_mr *mr);
+/* The keys stop working now; a transfer under way into or out of the memory goes on until it ends. */
+void sc_mr_dereg(sc_mr *mr);
+/* 1 (and the MR is freed) once it is deregistered and nothing uses its memory any more, else 0. */
+int sc_mr_try_free(sc_mr *mr);
+
+/* A completion channel: its fd (an eventfd) is readable while an event may be waiting. */
+sc_chan *sc_chan_new(sc_ctx *ctx);
+int sc_chan_fd(const sc_chan *chan);
+/* 1 and the CQ's cookie: an event; 2: woken by sc_chan_wake; 0: nothing now. */
+int sc_chan_take(sc_chan *chan, uint64_t *cookie);
+void sc_chan_wake(sc_chan *chan);
+void sc_chan_free(sc_chan *chan);
+
+sc_cq *sc_cq_new(sc_ctx *ctx, uint32_t cqe, sc_chan *chan, uint64_t cookie);
+/* Up to n completions into out, oldest first; -1 once the CQ has overflowed. */
+int sc_cq_poll(sc_cq *cq, int n, struct sc_wc *out);
+void sc_cq_req_notify(sc_cq *cq, int solicited_only);
+void sc_cq_free(sc_cq *cq);
+
+/* A QP listening on listen_fd (its port is the QPN) at local_ip (host order). */
+sc_qp *sc_qp_new(sc_pd *pd, sc_cq *send_cq, sc_cq *recv_cq, const struct sc_cap *cap, int sq_sig_all,
+                 int listen_fd, uint32_t qpn, uint32_t local_ip);
+int sc_qp_state(sc_qp *qp);
+void sc_qp_to_init(sc_qp *qp, uint32_t access);
+/* connect_fd: a socket whose non-blocking connect to the peer is under way, or -1 to accept the peer's
+ * connection from remote_ip on the listener (accept is 0 when the peer cannot be reached at all). */
+void sc_qp_to_rtr(sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn, uint32_t rq_psn, uint8_t min_rnr_timer,
+                  int connect_fd, int accept);
+/* ack_timeout_ns 0: no deadline; the send PSN is taken when coming from RTR. */
+void sc_qp_to_rts(sc_qp *qp, uint64_t ack_timeout_ns, uint64_t retry_period_ns, uint8_t rnr_retry,
+                  uint32_t sq_psn);
+void sc_qp_to_err(sc_qp *qp);
+void sc_qp_reset(sc_qp *qp);
+/* Posts wrs in order; *posted says how many went in before a refusal. */
+enum sc_post_error sc_qp_post_send(sc_qp *qp, const struct sc_send_wr *wrs, int n, int *posted);
+enum sc_post_error sc_qp_post_recv(sc_qp *qp, const struct sc_recv_wr *wrs, int n, int *posted);
+void sc_qp_free(sc_qp *qp);
+
+#endif

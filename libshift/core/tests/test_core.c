@@ -1,0 +1,209 @@
+/* Unit tests of the C core, built with ASan and UBSan by tests/core/test_core_c.py.
+ * Prints "N passed, M failed" and exits non-zero on any failure. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pair.h"
+
+static int passed, failed;
+
+#define CHECK(cond)                                                                                  \
+    do {                                                                                             \
+        if (cond) passed++;                                                                          \
+        else {                                                                                       \
+            failed++;                                                                                \
+            fprintf(stderr, "%s:%d: %s: check failed: %s\n", __FILE__, __LINE__, __func__, #cond);   \
+        }                                                                                            \
+    } while (0)
+
+static void test_wire_layout(void) {
+    /* the bytes of struct.pack("!BBHIIIIQQQI", 0x5F, 4, 3, 7, 9, 0xAABBCCDD, 5, 0x1122334455667788, 1, 2, 6) */
+    static const uint8_t want[SC_WIRE_HEADER_SIZE] = {
+        0x5F, 4, 0, 3, 0, 0, 0, 7, 0, 0, 0, 9, 0xAA, 0xBB, 0xCC, 0xDD, 0, 0, 0, 5,
+        0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2,
+        0, 0, 0, 6,
+    };
+    struct sc_hdr hdr = {.op = SC_OP_WRITE, .flags = 3, .seq = 7, .length = 9, .rkey = 0xAABBCCDD, .imm = 5,
+                         .addr = 0x1122334455667788ull, .arg1 = 1, .arg2 = 2, .ack = 6};
+    uint8_t out[SC_WIRE_HEADER_SIZE];
+    sc_wire_pack(&hdr, out);
+    CHECK(memcmp(out, want, sizeof want) == 0);
+    struct sc_hdr back;
+    CHECK(sc_wire_parse(out, &back) == SC_WIRE_OK);
+    CHECK(back.addr == hdr.addr && back.rkey == hdr.rkey && back.ack == 6 && back.flags == 3);
+    CHECK(sc_wire_payload_length(&back) == 9);
+}
+
+static void test_wire_refuses_what_it_cannot_frame(void) {
+    uint8_t buf[SC_WIRE_HEADER_SIZE];
+    struct sc_hdr hdr = {.op = SC_OP_SEND, .length = 1};
+    sc_wire_pack(&hdr, buf);
+    struct sc_hdr got;
+    buf[0] = 0x60;
+    CHECK(sc_wire_parse(buf, &got) == SC_WIRE_BAD_MAGIC);
+    buf[0] = SC_WIRE_MAGIC;
+    for (unsigned op = 0; op < 256; op++) {
+        buf[1] = (uint8_t)op;
+        int known = (op >= 1 && op <= 8) || (op >= 16 && op <= 19);
+        CHECK((sc_wire_parse(buf, &got) == SC_WIRE_OK) == known);
+    }
+    buf[1] = SC_OP_SEND;
+    buf[8] = 0x80;
+    buf[11] = 1; /* 2**31 + 1 */
+    CHECK(sc_wire_parse(buf, &got) == SC_WIRE_BAD_LENGTH);
+    hdr.op = SC_OP_READ_REQ;
+    hdr.length = 4096;
+    CHECK(sc_wire_payload_length(&hdr) == 0); /* asked for, not sent */
+}
+
+static void test_keys_and_bounds(void) {
+    sc_ctx *ctx = sc_ctx_new();
+    sc_pd *pd = sc_pd_new(ctx), *other = sc_pd_new(ctx);
+    static uint8_t mem[4096];
+    sc_mr *mr = sc_mr_reg(pd, mem, sizeof mem, ACCESS_LOCAL_WRITE);
+    CHECK(mr && sc_mr_lkey(mr) && sc_mr_rkey(mr) && sc_mr_lkey(mr) != sc_mr_rkey(mr));
+    pthread_mutex_lock(&ctx->lock);
+    CHECK(sc_mr_local(ctx, pd->id, sc_mr_lkey(mr)) == mr);
+    CHECK(sc_mr_local(ctx, other->id, sc_mr_lkey(mr)) == NULL); /* another PD's key */
+    CHECK(sc_mr_remote(ctx, pd->id, sc_mr_lkey(mr)) == NULL);   /* an lkey is no rkey */
+    struct sc_span span;
+    uint64_t base = (uint64_t)(uintptr_t)mem;
+    CHECK(sc_mr_span(mr, base, 4096, &span) && span.ptr == mem);
+    sc_mr_put(mr);
+    CHECK(!sc_mr_span(mr, base + 1, 4096, &span));
+    CHECK(!sc_mr_span(mr, base - 1, 1, &span));
+    CHECK(!sc_mr_span(mr, UINT64_MAX, 2, &span));
+    CHECK(sc_mr_span(mr, base + 4096, 0, &span)); /* an empty span at the end is in bounds */
+    pthread_mutex_unlock(&ctx->lock);
+    sc_mr_dereg(mr);
+    CHECK(!sc_mr_try_free(mr)); /* the span above still holds it */
+    pthread_mutex_lock(&ctx->lock);
+    CHECK(sc_mr_local(ctx, pd->id, sc_mr_lkey(mr)) == NULL);
+    sc_mr_put(mr);
+    pthread_mutex_unlock(&ctx->lock);
+    CHECK(sc_mr_try_free(mr));
+    sc_pd_free(other);
+    sc_pd_free(pd);
+    sc_ctx_free(ctx);
+}
+
+static int wait_wc(sc_cq *cq, struct sc_wc *wc) {
+    for (int i = 0; i < 20000; i++) {
+        if (sc_cq_poll(cq, 1, wc) == 1) return 1;
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+static void test_a_connected_pair(void) {
+    int fds[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds) == 0);
+    sc_ctx *ca = sc_ctx_new(), *cb = sc_ctx_new();
+    sc_pd *pa = sc_pd_new(ca), *pb = sc_pd_new(cb);
+    sc_chan *chan = sc_chan_new(cb);
+    sc_cq *qa = sc_cq_new(ca, 64, NULL, 1), *qb = sc_cq_new(cb, 64, chan, 2);
+    static uint8_t ma[4096], mb[4096];
+    sc_mr *ra = sc_mr_reg(pa, ma, sizeof ma, ACCESS_LOCAL_WRITE);
+    sc_mr *rb = sc_mr_reg(pb, mb, sizeof mb, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ |
+                                                 ACCESS_REMOTE_ATOMIC);
+    sc_qp *a = qp_on_fd(pa, qa, fds[0], 1, 2), *b = qp_on_fd(pb, qb, fds[1], 2, 1);
+    memcpy(ma, "hello", 5);
+    struct sc_sge sa = {(uint64_t)(uintptr_t)ma, 5, sc_mr_lkey(ra)}, sb = {(uint64_t)(uintptr_t)mb, 64,
+                                                                           sc_mr_lkey(rb)};
+    struct sc_recv_wr rwr = {.wr_id = 7, .num_sge = 1, .sg = &sb};
+    int posted;
+    CHECK(sc_qp_post_recv(b, &rwr, 1, &posted) == SC_POST_OK && posted == 1);
+    sc_cq_req_notify(qb, 0);
+    struct sc_send_wr send = {.wr_id = 1, .opcode = WR_SEND_IMM, .send_flags = SEND_SIGNALED, .imm_data = 9,
+                              .num_sge = 1, .sg = &sa};
+    CHECK(sc_qp_post_send(a, &send, 1, &posted) == SC_POST_OK);
+    struct sc_wc wc;
+    CHECK(wait_wc(qa, &wc) && wc.wr_id == 1 && wc.status == WC_SUCCESS && wc.byte_len == 5);
+    uint64_t cookie = 0;
+    for (int i = 0; i < 20000 && sc_chan_take(chan, &cookie) != 1; i++) usleep(100);
+    CHECK(cookie == 2);
+    CHECK(wait_wc(qb, &wc) && wc.wr_id == 7 && wc.imm_data == 9 && wc.wc_flags == WC_FLAG_WITH_IMM);
+    CHECK(memcmp(mb, "hello", 5) == 0);
+
+    struct sc_send_wr write = {.wr_id = 2, .opcode = WR_RDMA_WRITE, .send_flags = SEND_SIGNALED,
+                               .rkey = sc_mr_rkey(rb), .remote_addr = (uint64_t)(uintptr_t)mb + 100,
+                               .num_sge = 1, .sg = &sa};
+    CHECK(sc_qp_post_send(a, &write, 1, &posted) == SC_POST_OK);
+    CHECK(wait_wc(qa, &wc) && wc.wr_id == 2 && wc.status == WC_SUCCESS && memcmp(mb + 100, "hello", 5) == 0);
+
+    struct sc_sge into = {(uint64_t)(uintptr_t)ma + 8, 8, sc_mr_lkey(ra)};
+    memset(mb + 200, 0, 8);
+    mb[200] = 40;
+    struct sc_send_wr add = {.wr_id = 3, .opcode = WR_FETCH_ADD, .send_flags = SEND_SIGNALED,
+                             .rkey = sc_mr_rkey(rb), .remote_addr = (uint64_t)(uintptr_t)mb + 200,
+                             .compare_add = 2, .num_sge = 1, .sg = &into};
+    CHECK(sc_qp_post_send(a, &add, 1, &posted) == SC_POST_OK);
+    CHECK(wait_wc(qa, &wc) && wc.wr_id == 3 && wc.status == WC_SUCCESS && ma[8] == 40 && mb[200] == 42);
+
+    struct sc_send_wr bad = write;
+    bad.wr_id = 4;
+    bad.remote_addr = (uint64_t)(uintptr_t)mb + 4094; /* past the end */
+    uint8_t before[4096];
+    memcpy(before, mb, sizeof mb);
+    CHECK(sc_qp_post_send(a, &bad, 1, &posted) == SC_POST_OK);
+    CHECK(wait_wc(qa, &wc) && wc.wr_id == 4 && wc.status == WC_REM_ACCESS_ERR);
+    CHECK(memcmp(before, mb, sizeof mb) == 0);
+    CHECK(sc_qp_state(a) == SC_QPS_ERR);
+    CHECK(sc_qp_post_send(a, &write, 1, &posted) == SC_POST_OK); /* posted in ERR: a flush */
+    CHECK(wait_wc(qa, &wc) && wc.status == WC_WR_FLUSH_ERR);
+
+    sc_qp_free(a);
+    sc_qp_free(b);
+    sc_mr_dereg(ra);
+    CHECK(sc_mr_try_free(ra));
+    sc_cq_free(qa);
+    sc_pd_free(pa);
+    sc_ctx_free(ca);
+    sc_ctx_free(cb); /* frees what is left of b's side, rb and the channel included */
+}
+
+static void test_refusals(void) {
+    sc_ctx *ctx = sc_ctx_new();
+    sc_pd *pd = sc_pd_new(ctx);
+    sc_cq *cq = sc_cq_new(ctx, 4, NULL, 0);
+    struct sc_cap cap = {1, 1, 1, 1, 4};
+    sc_qp *qp = sc_qp_new(pd, cq, cq, &cap, 0, -1, 5, 0x7f000001);
+    struct sc_sge sge[2] = {{0, 8, 0}, {0, 8, 0}};
+    struct sc_send_wr wr = {.opcode = WR_SEND, .num_sge = 1, .sg = sge};
+    struct sc_recv_wr rwr = {.num_sge = 2, .sg = sge};
+    int posted;
+    CHECK(sc_qp_post_send(qp, &wr, 1, &posted) == SC_POST_STATE);
+    CHECK(sc_qp_post_recv(qp, &rwr, 1, &posted) == SC_POST_STATE);
+    sc_qp_to_init(qp, 0);
+    CHECK(sc_qp_post_recv(qp, &rwr, 1, &posted) == SC_POST_SGES);
+    rwr.num_sge = 1;
+    CHECK(sc_qp_post_recv(qp, &rwr, 1, &posted) == SC_POST_OK);
+    CHECK(sc_qp_post_recv(qp, &rwr, 1, &posted) == SC_POST_QUEUE_FULL);
+    sc_qp_to_rtr(qp, 0x7f000001, 6, 0, 1, -1, 0);
+    sc_qp_to_rts(qp, 0, 0, 7, 0);
+    wr.opcode = 99;
+    CHECK(sc_qp_post_send(qp, &wr, 1, &posted) == SC_POST_OPCODE);
+    wr.opcode = WR_SEND;
+    wr.send_flags = SEND_INLINE;
+    sge[0].length = 5;
+    CHECK(sc_qp_post_send(qp, &wr, 1, &posted) == SC_POST_INLINE);
+    wr.opcode = WR_CMP_SWP;
+    wr.send_flags = 0;
+    CHECK(sc_qp_post_send(qp, &wr, 1, &posted) == SC_POST_ATOMIC);
+    sc_ctx_free(ctx);
+}
+
+int main(void) {
+    test_wire_layout();
+    test_wire_refuses_what_it_cannot_frame();
+    test_keys_and_bounds();
+    test_a_connected_pair();
+    test_refusals();
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
