@@ -1,11 +1,21 @@
 """The in-process agent: libshift's gRPC client of the local shiftd.
 
 It registers the process, follows the daemon's NIC events on a background thread, publishes
-this process's `default -> backup` mappings and looks up the peers'. shiftd may restart
-(systemd's Restart=on-failure): the agent then reconnects with backoff, registers again and
-re-publishes everything it holds, so the mappings outlive the daemon's restart. Without a
-reachable shiftd, `Agent.connect` returns None and says why once; the caller runs without
-failover.
+this process's `default -> backup` mappings and looks up the peers'. A restart of shiftd (a crash,
+an upgrade) loses nothing:
+- back at once: systemd's shiftd.socket (or the lab's supervisor) holds the socket across the restart,
+  so the agent's re-register (which waits for the channel to be ready) goes through the moment the new
+  daemon serves; with no socket held, gRPC reconnects on the agent's backoff while shiftd stays down;
+- nothing missed: the agent registers again with where its QPs run (the path sources), re-publishes
+  everything it holds, and the event stream starts with every NIC's state, which goes to the listeners
+  like any event (a NIC that failed or came back meanwhile is acted on);
+- nothing lost: failover reports wait in a bounded queue (libshift/reportqueue.py) until shiftd
+  acknowledges them, and are sent again after a reconnect under the same id, which shiftd counts once.
+With no shiftd socket at all, `Agent.connect` returns None and says why once (the caller runs without
+failover); with a socket nobody answers, it returns an agent that catches up when shiftd appears.
+
+Long on purpose: one client object, whose registration, mappings, event stream and reports share one
+channel, one lock and one registration state; the report queue itself is reportqueue.py.
 """
 
 from __future__ import annotations
@@ -14,10 +24,12 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -25,6 +37,7 @@ import grpc.experimental
 
 from libshift.api.shift.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from libshift.notices import NicChange, NicState, SwitchKind, SwitchReport
+from libshift.reportqueue import ReportQueue
 from libshift.verbs import Endpoint
 
 log = logging.getLogger("libshift.agent")
@@ -34,8 +47,24 @@ CALL_TIMEOUT = 5.0
 MAPPINGS_PER_CALL = 4096  # shiftd refuses larger Publish calls (shiftd.agents.MAX_MAPPINGS_PER_CALL)
 RECONNECT_INITIAL = 0.05
 RECONNECT_MAX = 2.0
+FIRST_REGISTER_WAIT = 10.0  # connect waits this long for a daemon coming back on a held socket
+REPORT_RETRY = 0.1  # a report shiftd did not take is tried again this soon (or after the next register)
+REPORT_FLUSH = 2.0  # close waits this long for the reports still queued
+# a report call that ended so is tried again: shiftd is away, or does not know us yet; others refuse it
+REPORT_AGAIN = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
 
 NicListener = Callable[[NicChange], None]
+# (default device, device now in use) -> how many QPs: where a context's QPs run now
+PathCounts = Mapping[tuple[str, str], int]
+PathSource = Callable[[], PathCounts]
 NIC_STATES = {
     common_pb2.NIC_STATE_UP: NicState.UP,
     common_pb2.NIC_STATE_DOWN: NicState.DOWN,
@@ -110,6 +139,11 @@ CHANNEL_OPTIONS = [
     # The NIC event stream is read on the agent's own event thread instead of being handed over from
     # gRPC's: one thread hop less between shiftd's write and the failover (~0.15 ms).
     (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
+    # A re-register waits for gRPC's own reconnects (see Agent._reconnect), so their backoff is the agent's
+    # schedule while shiftd stays down: ours, not gRPC's default (1 s, growing to 2 min). A connection that
+    # sits in a held socket's backlog is given up after gRPC's min connect timeout (20 s); the next follows.
+    ("grpc.initial_reconnect_backoff_ms", int(RECONNECT_INITIAL * 1000)),
+    ("grpc.max_reconnect_backoff_ms", int(RECONNECT_MAX * 1000)),
 ]
 
 
@@ -139,44 +173,55 @@ class Agent:
         self._listeners: list[NicListener] = []
         self._qps: dict[tuple[str, int], common_pb2.QpMapping] = {}
         self._mrs: dict[tuple[str, int], common_pb2.MrMapping] = {}
+        self._path_sources: list[PathSource] = []
         self._closed = threading.Event()
         self._registered = threading.Event()
         self._thread: threading.Thread | None = None
+        self._reporter: threading.Thread | None = None
         self._stream: grpc.Future | None = None
         self.reconnects = 0
+        self.instance = secrets.token_hex(8)  # the reports' id outlives our registrations with a daemon
+        self.reports: ReportQueue[common_pb2.FailoverReport] = ReportQueue()
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
     @classmethod
     def connect(cls, socket: str | None = None, name: str | None = None, job: str = "") -> Agent | None:
-        """Register with the local shiftd, or return None (logged once) when there is none."""
+        """Register with the local shiftd; None (logged once) when the host has no shiftd socket.
+
+        A daemon coming back on a held socket is waited for (FIRST_REGISTER_WAIT); one that does not
+        answer leaves an agent that registers when it does: QPs published before then are published
+        then, lookups fail until then."""
         path = socket or socket_path()
         if not os.path.exists(path):
             log.warning("no shiftd socket at %s: running without failover (set SHIFT_SOCKET)", path)
             return None
         agent = cls(path, name or os.path.basename(sys.argv[0] or "python"), job)
         try:
-            agent._register()
+            agent._register(FIRST_REGISTER_WAIT)
         except AgentError as exc:
-            log.warning("shiftd at %s not usable (%s): running without failover", path, exc)
-            agent._channel.close()
-            return None
-        agent._start_events()
+            log.warning("shiftd at %s not answering (%s): registering when it does", path, exc)
+        agent._start_threads()
         return agent
 
     def close(self) -> None:
-        """Unregister (the daemon withdraws our mappings) and stop the event thread."""
+        """Send the reports still queued (briefly), unregister (the daemon withdraws our mappings), and
+        stop the threads."""
         if self._closed.is_set():
             return
+        if self._registered.is_set():
+            self.reports.wait_empty(REPORT_FLUSH)
         self._closed.set()
+        self.reports.close()
         # on failure the daemon withdraws our mappings anyway when the connection closes
         with contextlib.suppress(grpc.RpcError):
             self._stub.Unregister(agent_pb2.UnregisterRequest(agent_id=self._agent_id), timeout=1.0)
         if self._stream is not None:
             self._stream.cancel()
         self._channel.close()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+        for thread in (self._thread, self._reporter):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=5)
 
     def __enter__(self) -> Agent:
         return self
@@ -187,6 +232,32 @@ class Agent:
     @property
     def agent_id(self) -> str:
         return self._agent_id
+
+    @property
+    def registered(self) -> bool:
+        """Whether shiftd knows this agent now (false while it is away)."""
+        return self._registered.is_set()
+
+    # ---- where our QPs run (told at every register and report) -----------------------------------
+
+    def add_path_source(self, source: PathSource) -> None:
+        with self._lock:
+            self._path_sources.append(source)
+
+    def remove_path_source(self, source: PathSource) -> None:
+        with self._lock:
+            self._path_sources.remove(source)
+
+    def _paths(self) -> common_pb2.QpPaths:
+        """Every source's count, summed; asked outside our lock (a source takes its context's)."""
+        with self._lock:
+            sources = list(self._path_sources)
+        total: Counter[tuple[str, str]] = Counter()
+        for source in sources:
+            total.update(source())
+        return common_pb2.QpPaths(
+            paths=[common_pb2.QpPath(default_device=d, device=on, qps=n) for (d, on), n in total.items()]
+        )
 
     # ---- NIC events ---------------------------------------------------------------------------
 
@@ -214,33 +285,37 @@ class Agent:
         mapping = common_pb2.QpMapping(primary=to_proto(primary), backup=to_proto(backup))
         with self._lock:
             self._qps[(primary.gid, primary.qpn)] = mapping
-        self._call("Publish", agent_pb2.PublishRequest(agent_id=self._agent_id, qps=[mapping]))
+        if self._registered.is_set():  # else the register publishes it
+            self._call("Publish", agent_pb2.PublishRequest(agent_id=self._agent_id, qps=[mapping]))
 
     def publish_mr(self, gid: str, rkey: int, backup_gid: str, backup_rkey: int) -> None:
         mapping = common_pb2.MrMapping(gid=gid, rkey=rkey, backup_gid=backup_gid, backup_rkey=backup_rkey)
         with self._lock:
             self._mrs[(gid, rkey)] = mapping
-        self._call("Publish", agent_pb2.PublishRequest(agent_id=self._agent_id, mrs=[mapping]))
+        if self._registered.is_set():
+            self._call("Publish", agent_pb2.PublishRequest(agent_id=self._agent_id, mrs=[mapping]))
 
     def withdraw_qp(self, primary: Endpoint) -> None:
         with self._lock:
             mapping = self._qps.pop((primary.gid, primary.qpn), None)
-        if mapping is not None:
+        if mapping is not None and self._registered.is_set():
             self._call("Withdraw", agent_pb2.WithdrawRequest(agent_id=self._agent_id, qps=[mapping.primary]))
 
     def withdraw_mr(self, gid: str, rkey: int) -> None:
         with self._lock:
             mapping = self._mrs.pop((gid, rkey), None)
-        if mapping is not None:
+        if mapping is not None and self._registered.is_set():
             self._call("Withdraw", agent_pb2.WithdrawRequest(agent_id=self._agent_id, mrs=[mapping]))
 
     def lookup_qp(self, gid: str, qpn: int, wait: float = 0.0) -> Endpoint | None:
         """The backup of the peer QP (gid, qpn), waiting up to `wait` s for it to be published."""
+        self._check_registered("LookupQp")
         request = agent_pb2.LookupQpRequest(gid=gid, qpn=qpn, wait_seconds=wait)
         reply = self._call("LookupQp", request, timeout=wait + CALL_TIMEOUT, missing_ok=True)
         return from_proto(reply.mapping.backup) if reply is not None else None
 
     def lookup_mr(self, gid: str, rkey: int, wait: float = 0.0) -> MrBackup | None:
+        self._check_registered("LookupMr")
         request = agent_pb2.LookupMrRequest(gid=gid, rkey=rkey, wait_seconds=wait)
         reply = self._call("LookupMr", request, timeout=wait + CALL_TIMEOUT, missing_ok=True)
         if reply is None:
@@ -249,12 +324,9 @@ class Agent:
         return MrBackup(m.gid, m.rkey, m.backup_gid, m.backup_rkey)
 
     def report(self, report: SwitchReport) -> None:
-        """Tell shiftd about a failover or failback (for metrics and `shiftctl events`); never raises."""
-        request = agent_pb2.ReportFailoverRequest(agent_id=self._agent_id, report=failover_report(report))
-        try:
-            self._call("ReportFailover", request)
-        except AgentError as exc:
-            log.warning("could not report a %s to shiftd: %s", report.kind.value, exc)
+        """Tell shiftd about a failover or failback (for metrics and `shiftctl events`): queued, never
+        blocks, never raises; sent by the reporter thread until shiftd has it (see the module's note)."""
+        self.reports.put(failover_report(report))
 
     # ---- internals ----------------------------------------------------------------------------
 
@@ -266,14 +338,26 @@ class Agent:
                 return None
             raise AgentError(f"{method}: {exc.code().name}: {exc.details()}") from None
 
-    def _register(self) -> None:
-        request = agent_pb2.RegisterRequest(pid=os.getpid(), name=self.name[:200], job=self.job[:200])
+    def _check_registered(self, method: str) -> None:
+        if not self._registered.is_set():
+            raise AgentError(f"{method}: not registered with shiftd (it is away)")
+
+    def _register(self, timeout: float = CALL_TIMEOUT, wait_for_ready: bool = False) -> None:
+        request = agent_pb2.RegisterRequest(
+            pid=os.getpid(),
+            name=self.name[:200],
+            job=self.job[:200],
+            paths=self._paths(),
+            instance=self.instance,
+            reports_dropped=self.reports.dropped,
+        )
         try:
-            reply = self._stub.Register(request, timeout=CALL_TIMEOUT, wait_for_ready=False)
+            reply = self._stub.Register(request, timeout=timeout, wait_for_ready=wait_for_ready)
         except grpc.RpcError as exc:
             raise AgentError(f"Register: {exc.code().name}: {exc.details()}") from None
-        self._agent_id, self.host = reply.agent_id, reply.host
-        with self._lock:
+        with self._lock:  # a mapping published from now on is sent by its publisher, one before by us
+            self._agent_id, self.host = reply.agent_id, reply.host
+            self._registered.set()
             qps, mrs = list(self._qps.values()), list(self._mrs.values())
         # a restarted daemon knows nothing of us: publish everything again, as many calls as it takes
         for start in range(0, len(qps), MAPPINGS_PER_CALL):
@@ -282,37 +366,83 @@ class Agent:
         for start in range(0, len(mrs), MAPPINGS_PER_CALL):
             chunk = mrs[start : start + MAPPINGS_PER_CALL]
             self._call("Publish", agent_pb2.PublishRequest(agent_id=self._agent_id, mrs=chunk))
-        self._registered.set()
 
-    def _start_events(self) -> None:
+    def _start_threads(self) -> None:
         self._thread = threading.Thread(target=self._follow_events, name="libshift-agent", daemon=True)
+        self._reporter = threading.Thread(target=self._send_reports, name="libshift-reports", daemon=True)
         self._thread.start()
+        self._reporter.start()
 
     def _follow_events(self) -> None:
-        """Follow the NIC event stream; on a broken stream, reconnect, re-register, re-publish."""
-        backoff = RECONNECT_INITIAL
+        """Follow the NIC event stream; on a broken stream (or none yet), register again and follow anew."""
         while not self._closed.is_set():
+            if not self._registered.is_set():
+                again = bool(self._agent_id)
+                if not self._reconnect():
+                    return
+                if again:
+                    self.reconnects += 1
+                    log.info("re-registered with shiftd as %s", self._agent_id)
             try:
                 self._stream = self._stub.WatchNicEvents(
                     agent_pb2.WatchNicEventsRequest(agent_id=self._agent_id)
                 )
-                for event in self._stream:
-                    backoff = RECONNECT_INITIAL
+                for event in self._stream:  # every NIC's state first: what changed while we were away
                     self._deliver(event)
             except grpc.RpcError as exc:
                 if self._closed.is_set():
                     return
                 log.warning("shiftd event stream broke (%s); reconnecting", exc.code().name)
-            while not self._closed.is_set():
-                time.sleep(backoff)
-                backoff = min(backoff * 2, RECONNECT_MAX)
-                try:
-                    self._register()
-                    self.reconnects += 1
-                    log.info("re-registered with shiftd as %s", self._agent_id)
-                    break
-                except AgentError:
+            self._registered.clear()
+
+    def _reconnect(self) -> bool:
+        """Register again, as soon as the channel is up; whether it worked (not closed).
+
+        The call waits for the channel to be ready: gRPC reconnects on its own (into a held socket's
+        backlog, answered the moment the new daemon serves; or, with no socket held, on its backoff). A
+        call that fails fast instead, in TRANSIENT_FAILURE (a connection given up after 20 s in the
+        backlog), would leave the re-register to our backoff, grown meanwhile: 0.2-0.9 s late, measured.
+        An attempt that waited until its deadline was the pause already: the next follows at once; only
+        one that failed fast (shiftd refused it) backs off. (The request, with our paths and drop count,
+        is as they were when its wait began: a switch since then has its report queued, which follows
+        the register with the paths and count of then.)"""
+        delay = RECONNECT_INITIAL
+        while not self._closed.is_set():
+            started = time.monotonic()
+            try:
+                self._register(wait_for_ready=True)
+                return True
+            except AgentError:
+                pass
+            if self._closed.wait(max(0.0, delay - (time.monotonic() - started))):
+                return False
+            delay = min(delay * 2, RECONNECT_MAX)
+        return False
+
+    def _send_reports(self) -> None:
+        """Send the queued reports in order, each until shiftd answers; a report that shiftd did not take
+        (it is away) waits for the next registration and goes again, under its id."""
+        while (head := self.reports.head()) is not None:
+            seq, report = head
+            if not self._registered.wait(REPORT_RETRY):
+                continue
+            request = agent_pb2.ReportFailoverRequest(
+                agent_id=self._agent_id,
+                report=report,
+                instance=self.instance,
+                seq=seq,
+                paths=self._paths(),
+                reports_dropped=self.reports.dropped,
+            )
+            try:
+                self._stub.ReportFailover(request, timeout=CALL_TIMEOUT)
+            except grpc.RpcError as exc:
+                if exc.code() in REPORT_AGAIN:
+                    log.info("report %d not taken by shiftd (%s); sending it again", seq, exc.code().name)
+                    self._closed.wait(REPORT_RETRY)
                     continue
+                log.warning("shiftd refused a report: %s: %s", exc.code().name, exc.details())
+            self.reports.ack(seq)
 
     def _deliver(self, event: common_pb2.NicEvent) -> None:
         """Straight to the listeners, on the stream's thread: a NIC DOWN is the fastest detection."""

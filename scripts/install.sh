@@ -59,8 +59,10 @@ done
 # The unit and the docs it points to, with /usr/local replaced by the prefix.
 unitdir=$destdir$prefix/lib/systemd/system
 install -d "$unitdir" "$destdir$prefix/lib/sysusers.d" "$destdir$prefix/share/doc/shift"
-sed "s#/usr/local/#$prefix/#g" "$repo/deploy/systemd/shiftd.service" >"$unitdir/shiftd.service"
-chmod 0644 "$unitdir/shiftd.service"
+for unit in shiftd.service shiftd.socket; do
+    sed "s#/usr/local/#$prefix/#g" "$repo/deploy/systemd/$unit" >"$unitdir/$unit"
+    chmod 0644 "$unitdir/$unit"
+done
 install -m 0644 "$repo/deploy/systemd/shift.conf" "$destdir$prefix/lib/sysusers.d/shift.conf"
 install -m 0644 "$repo/docs/operations.md" "$destdir$prefix/share/doc/shift/operations.md"
 

@@ -20,6 +20,7 @@ from google.protobuf import json_format
 from libshift.api.shift.v1 import common_pb2
 from libshift.gid import canonical_gid
 from shiftd.peercred import PeerCred
+from shiftd.reports import SeenReports
 
 MAX_MAPPINGS_PER_CALL = 4096
 MAX_TEXT = 256
@@ -70,9 +71,16 @@ class AgentTable:
         self._on_change = on_change
         self.agents: dict[str, Agent] = {}
         self._owner: dict[str, str] = {}  # etcd key -> agent id
+        self._seen = SeenReports()
 
     def register(
-        self, connection: str, cred: PeerCred, pid: int, name: str, job: str
+        self,
+        connection: str,
+        cred: PeerCred,
+        pid: int,
+        name: str,
+        job: str,
+        paths: common_pb2.QpPaths | None = None,
     ) -> common_pb2.AgentInfo:
         _check_text("name", name)
         _check_text("job", job)
@@ -86,7 +94,10 @@ class AgentTable:
             job=job,
             registered_unix_nanos=time.time_ns(),
         )
-        self.agents[info.agent_id] = Agent(info, connection, cred)
+        agent = Agent(info, connection, cred)
+        if paths is not None:  # an agent back after a daemon restart: its QPs may be on backups already
+            agent.on_backup = _on_backup(paths)
+        self.agents[info.agent_id] = agent
         self._on_change(info, True)
         return info
 
@@ -129,18 +140,40 @@ class AgentTable:
         for key in keys:
             self._forget(agent, key)
 
-    def record_switch(self, agent_id: str, cred: PeerCred, report: common_pb2.FailoverReport) -> None:
-        """Follow the agent's QPs off and back onto their default device, from its failover reports.
+    def record_switch(
+        self,
+        agent_id: str,
+        cred: PeerCred,
+        report: common_pb2.FailoverReport,
+        instance: str = "",
+        seq: int = 0,
+        paths: common_pb2.QpPaths | None = None,
+    ) -> bool:
+        """Follow the agent's QPs off and back onto their default device; whether the report is new (a
+        report with the id of one already counted is a repeat, to be ignored).
 
-        A failover away from the default device puts `qps` on a backup; a failback (to the default device)
-        takes them off; a move from one backup to another changes nothing.
+        With `paths`, the agent says where its QPs run now, which is taken as it is. Without, it is
+        derived from the report: a failover away from the default device puts `qps` on a backup; a
+        failback (to the default device) takes them off; a move from one backup to another changes nothing.
         """
         agent = self._own(agent_id, cred)
-        if report.kind == common_pb2.FAILOVER_KIND_FAILBACK:
+        if not self._seen.first_time(cred.pid, instance, seq):
+            return False
+        if paths is not None:
+            agent.on_backup = _on_backup(paths)
+        elif report.kind == common_pb2.FAILOVER_KIND_FAILBACK:
             device = report.backup_device
             agent.on_backup[device] = max(0, agent.on_backup[device] - report.qps)
         elif report.device == (report.default_device or report.device):
             agent.on_backup[report.device] += report.qps
+        return True
+
+    def count_dropped(self, agent_id: str, cred: PeerCred, instance: str, dropped: int) -> int:
+        """The agent says it has dropped `dropped` failover reports in all (past its queue's bound, while
+        shiftd was away): kept for `shiftctl status`; how many of them this daemon had not heard of."""
+        agent = self._own(agent_id, cred)
+        agent.info.reports_dropped = dropped
+        return self._seen.newly_dropped(cred.pid, instance, dropped)
 
     def qps_on_backup(self, device: str) -> int:
         """QPs whose default device is `device` and which run on a backup now, over all live agents."""
@@ -172,6 +205,15 @@ class AgentTable:
         agent.keys.discard(key)
         self._owner.pop(key, None)
         self._store.delete(key)
+
+
+def _on_backup(paths: common_pb2.QpPaths) -> Counter[str]:
+    """default device -> QPs on a backup, from an agent's picture of its QPs' paths."""
+    counts: Counter[str] = Counter()
+    for path in paths.paths:
+        if path.device != path.default_device:
+            counts[path.default_device] += path.qps
+    return counts
 
 
 def _split_counts(keys) -> tuple[int, int]:

@@ -117,6 +117,7 @@ def format_status(s: admin_pb2.StatusResponse) -> str:
         lines.append(
             f"agent {agent.agent_id}: pid {agent.pid} {agent.name} "
             f"qps={agent.qp_mappings} mrs={agent.mr_mappings} on_backup={agent.qps_on_backup}"
+            + (f" reports_dropped={agent.reports_dropped}" if agent.reports_dropped else "")
         )
     return "\n".join(lines)
 

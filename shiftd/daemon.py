@@ -28,6 +28,7 @@ from shiftd.agents import AgentTable, RefusedRequest, encode
 from shiftd.events import EventBus
 from shiftd.faults import FaultInjector
 from shiftd.health import Transition
+from shiftd.listenfds import ListenError, inherited_socket
 from shiftd.metrics import Metrics
 from shiftd.nic import FaultMode, NicState
 from shiftd.nics import NicRecord, NicTable
@@ -56,6 +57,7 @@ class Daemon:
         self.notifier = Notifier()
         self.failovers = 0
         self.failbacks = 0
+        self.serving_unix_nanos = 0  # when the socket began to be answered
         self.registry = Registry(
             config_mod.etcd_endpoints(config.etcd),
             self.host,
@@ -151,12 +153,18 @@ class Daemon:
             socket=self.config.server.socket,
             metrics_address=self.metrics.address,
             udev=self.udev_description,
+            serving_unix_nanos=self.serving_unix_nanos,
         )
 
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._check_socket_free()
+        try:  # socket activation: a socket held across restarts by systemd or the lab's supervisor
+            held = inherited_socket(self.config.server.socket)
+        except ListenError as exc:
+            raise StartupError(f"server.socket: {exc}") from None
+        if held is None:
+            self._check_socket_free()  # (a held socket accepts whether a daemon serves it or not)
         await self._start_monitors()
         await self._await_first_states(SETTLE_SECONDS)
         await self.registry.start()
@@ -168,8 +176,11 @@ class Daemon:
         private_path = str(self._private_dir / "grpc.sock")
         self._grpc = await start_grpc(self, private_path, self.config.server.max_message_bytes)
         self.relay.private_path = private_path
+        # serving: gRPC answers behind the relay from here on, and the relay's first accept comes inside
+        # relay.start (asyncio yields to the loop as its server starts), so this is the moment, not after
+        self.serving_unix_nanos = time.time_ns()
         try:
-            await self.relay.start()
+            await self.relay.start(held)
         except OSError as exc:  # e.g. no CAP_CHOWN for the socket's group, or a read-only /run
             raise StartupError(
                 f"server.socket: cannot serve on {self.config.server.socket}: {exc.strerror}"
@@ -349,6 +360,10 @@ class Daemon:
         if wait > 0:
             return await self.registry.wait_for(key, wait)
         return await self.registry.get(key)
+
+    def count_dropped(self, agent_id: str, cred: PeerCred, instance: str, dropped: int) -> None:
+        """An agent's count of the reports it ever dropped, told with its register and every report."""
+        self.metrics.reports_dropped.inc(self.agents.count_dropped(agent_id, cred, instance, dropped))
 
     def record_failover(self, report: common_pb2.FailoverReport) -> None:
         if report.kind == common_pb2.FAILOVER_KIND_FAILBACK:

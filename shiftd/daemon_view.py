@@ -58,6 +58,10 @@ class DaemonView(Protocol):
 
     def record_failover(self, report: common_pb2.FailoverReport) -> None: ...
 
+    def count_dropped(self, agent_id: str, cred: PeerCred, instance: str, dropped: int) -> None:
+        """An agent's count of the failover reports it ever dropped (its queue was full)."""
+        ...
+
     def status(self) -> admin_pb2.StatusResponse: ...
 
     async def fail_nic(

@@ -68,6 +68,12 @@ class Metrics:
         self.failbacks = Counter(
             "shift_failbacks_total", "Failbacks reported by agents.", ["device"], registry=r
         )
+        self.reports_dropped = Counter(
+            "shift_agent_reports_dropped_total",
+            "Failover and failback reports agents dropped, never delivered (their queue was full while "
+            "shiftd was away).",
+            registry=r,
+        )
         self.downtime = Histogram(
             "shift_failover_downtime_seconds",
             "Time from failure detection to traffic on the backup.",

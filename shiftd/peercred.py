@@ -17,6 +17,7 @@ import os
 import secrets
 import socket
 import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,34 +179,44 @@ class PeerCredRelay:
         self._peers: dict[str, PeerCred] = {}
         self._live: set[_Splice] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._held = False  # the socket was passed by a holder that keeps it across restarts
         self._tasks: set[asyncio.Task] = set()
 
     @property
     def connections(self) -> int:
         return len(self._peers)
 
-    async def start(self) -> None:
+    async def start(self, held: socket.socket | None = None) -> None:
+        """Serve on the public socket: `held` when its holder (systemd, the lab's supervisor) passed it,
+        which outlives this daemon; else one bound here, which goes with it."""
         path = Path(self.public_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        # bound, given its mode and group, and only then listening: no caller ever reaches it with other
-        # permissions (a client, or systemd's readiness, may connect the moment it listens)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(path))
+        self._held = held is not None
+        if held is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            # bound, given its mode and group, and only then listening: no caller ever reaches it with other
+            # permissions (a client, or systemd's readiness, may connect the moment it listens)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(str(path))
+        else:
+            sock = held  # the holder bound it 0600 or as its unit says; the config's mode and group win
         os.chmod(path, self.mode)
         gid = group_id(self.group)
         if gid is None:
             log.warning("group %r does not exist; %s keeps root's group", self.group, path)
         else:
             os.chown(path, -1, gid)
-        self._server = await asyncio.get_running_loop().create_unix_server(self._accepted, sock=sock)
+        # from Python 3.13 on, asyncio removes a Unix server's path when it closes: not a held socket's
+        keep = {"cleanup_socket": False} if self._held and sys.version_info >= (3, 13) else {}
+        self._server = await asyncio.get_running_loop().create_unix_server(self._accepted, sock=sock, **keep)
 
     async def close(self) -> None:
         if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.public_path)
+            self._server.close()  # a held socket stays open in its holder: callers wait in its backlog
+            if not self._held:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.public_path)
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

@@ -91,7 +91,11 @@ class _Base:
 class AgentService(_Base, agent_pb2_grpc.AgentServicer):
     @unary()
     async def Register(self, request, context, cred):
-        info = self.daemon.agents.register(context.peer(), cred, request.pid, request.name, request.job)
+        paths = request.paths if request.HasField("paths") else None
+        info = self.daemon.agents.register(
+            context.peer(), cred, request.pid, request.name, request.job, paths
+        )
+        self.daemon.count_dropped(info.agent_id, cred, request.instance, request.reports_dropped)
         return agent_pb2.RegisterResponse(
             agent_id=info.agent_id, host=self.daemon.host, nics=self.daemon.nic_protos()
         )
@@ -151,9 +155,14 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
 
     @unary()
     async def ReportFailover(self, request, context, cred):
-        self.daemon.agents.record_switch(request.agent_id, cred, request.report)
-        self.daemon.record_failover(request.report)
-        return agent_pb2.ReportFailoverResponse()
+        paths = request.paths if request.HasField("paths") else None
+        new = self.daemon.agents.record_switch(
+            request.agent_id, cred, request.report, request.instance, request.seq, paths
+        )
+        if new:
+            self.daemon.record_failover(request.report)
+        self.daemon.count_dropped(request.agent_id, cred, request.instance, request.reports_dropped)
+        return agent_pb2.ReportFailoverResponse(duplicate=not new)
 
 
 class AdminService(_Base, admin_pb2_grpc.AdminServicer):

@@ -17,7 +17,7 @@ import json
 import os
 import shlex
 import shutil
-import socket
+import signal
 import subprocess
 import sys
 import time
@@ -170,10 +170,22 @@ class Lab:
         pid = Pid(state["pid"], state["start"])
         return pid if pid.alive() else None
 
+    def daemon_ready(self, host: str) -> bool:
+        """Whether the host's shiftd serves now (it said READY=1 to its supervisor)."""
+        return bool((_read_json(self.supervisor_state_path(host)) or {}).get("ready"))
+
     def restarts(self, host: str) -> int:
         """How often the supervisor has restarted the host's shiftd."""
         state = _read_json(self.supervisor_state_path(host))
         return int(state["restarts"]) if state else 0
+
+    def restart_daemon(self, host: str) -> None:
+        """`systemctl restart shiftd` on `host`: its supervisor stops the daemon (SIGTERM, a clean stop)
+        and starts a new one at once, on the socket it holds."""
+        supervisor = self._pids.get(host) or _pids_from(_read_json(self.state_path)).get(host)
+        if supervisor is None or not supervisor.alive():
+            raise LabError(f"no supervisor runs shiftd on {host}; run: shift-lab up{name_flag(self.name)}")
+        os.kill(supervisor.pid, signal.SIGUSR1)
 
     @property
     def sockets(self) -> dict[str, Path]:
@@ -413,6 +425,7 @@ class Lab:
             "--state", str(self.supervisor_state_path(host)),
             "--restart-sec", str(RESTART_SEC),
             "--stop-timeout", str(STOP_TIMEOUT - 1),
+            "--listen", str(self.socket(host)),  # held across the daemon's restarts, as shiftd.socket is
             "--", *self._shiftd_argv(), "--config", str(self.config_path(host)),
         ]  # fmt: skip
         argv = netns.command(self.namespace(host), supervise)
@@ -427,10 +440,11 @@ class Lab:
             )
 
     def _wait_ready(self, host: str, proc: subprocess.Popen[bytes]) -> None:
-        """Wait until the daemon's socket accepts a connection, pointing at its log when it does not."""
+        """Wait until the daemon serves on its socket (READY=1, heard by its supervisor), pointing at its
+        log when it does not. The socket itself accepts from the start: the supervisor holds it."""
         path, log = self.socket(host), self.log_path(host)
         deadline = time.monotonic() + self.ready_timeout
-        while not _accepts(path):
+        while not self.daemon_ready(host):
             if proc.poll() is not None:
                 raise LabError(f"shiftd on {host} exited with status {proc.returncode}; see {log}")
             if time.monotonic() > deadline:
@@ -496,16 +510,6 @@ def _discard(state_dir: Path, keep_logs: bool) -> None:
                 path.rmdir()  # only when empty: it may hold a log
         elif path.suffix != ".log":
             path.unlink(missing_ok=True)
-
-
-def _accepts(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        try:
-            sock.connect(str(path))
-        except OSError:
-            return False
-        return True
 
 
 def _tool_path() -> str:

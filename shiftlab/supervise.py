@@ -11,7 +11,12 @@ follows after --stop-timeout, and the child dies with the supervisor (PR_SET_PDE
 service's cgroup would. The child's PID, restarts and last exit go to --state (JSON), rewritten
 atomically, for `shift-lab status` and the tests.
 
-    python -m shiftlab.supervise --state FILE [--restart-sec S] -- COMMAND [ARG...]
+With --listen PATH it is also what `shiftd.socket` is: it binds and listens on the Unix socket PATH once
+and passes it to every child it starts (fd 3, LISTEN_FDS and LISTEN_PID, as systemd's socket activation
+does), so that a client's connect waits in the socket's backlog while the daemon restarts instead of
+failing. SIGUSR1 is `systemctl restart`: SIGTERM to the child, and a new one as soon as it has exited.
+
+    python -m shiftlab.supervise --state FILE [--restart-sec S] [--listen PATH] -- COMMAND [ARG...]
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from shiftlab.pids import proc_stat
 PR_SET_PDEATHSIG = 1
 CLEAN_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE}
 STABLE_SECONDS = 10.0  # a child up this long after READY resets the backoff
+LISTEN_FD = 3  # where socket activation puts the first socket (SD_LISTEN_FDS_START)
 
 
 def describe(status: int) -> str:
@@ -63,6 +69,31 @@ def _die_with_parent(parent: int) -> None:
         os._exit(127)
 
 
+def _pass_socket(fd: int) -> None:
+    """In the child, before exec: the held socket as fd 3, and the variables that say so to it alone."""
+    if fd == LISTEN_FD:
+        os.set_inheritable(fd, True)
+    else:
+        os.dup2(fd, LISTEN_FD)  # inheritable, as dup2 makes it
+    # the child's own environment (the exec takes it), with its own PID, which only the child knows
+    os.environ.update(LISTEN_FDS="1", LISTEN_PID=str(os.getpid()), LISTEN_FDNAMES="shiftd.socket")
+
+
+def bind_listener(path: Path) -> socket.socket:
+    """A Unix stream socket listening on `path` (a stale one replaced), 0600 until the daemon sets its
+    mode and group: nobody else connects before it says who may."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    umask = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(umask)
+    sock.listen(socket.SOMAXCONN)
+    return sock
+
+
 class Supervisor:
     """Runs `argv` until told to stop; restarts it after abnormal exits."""
 
@@ -73,6 +104,7 @@ class Supervisor:
         restart_sec: float = 0.5,
         restart_max: float = 8.0,
         stop_timeout: float = 4.0,
+        listen: Path | None = None,
     ) -> None:
         self.argv = list(argv)
         self.state_path = state_path
@@ -88,6 +120,10 @@ class Supervisor:
         self.stopping = False
         self.kill_at: float | None = None
         self.restart_at: float | None = None
+        self.restarting = False  # SIGUSR1: the child was told to stop, and a new one follows its exit
+        self.listen = listen
+        self._listener = bind_listener(listen) if listen is not None else None
+        self._listen_ino = os.stat(listen).st_ino if listen is not None else 0  # the path we bound
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         # abstract: nothing to clean up; random: no other process guesses it and claims READY
         self._notify_name = f"@shift-supervise-{os.getpid()}-{secrets.token_hex(6)}"
@@ -101,18 +137,31 @@ class Supervisor:
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the selector
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_stop)
+        signal.signal(signal.SIGUSR1, self._on_restart)
         selector = selectors.DefaultSelector()
         selector.register(wake_r, selectors.EVENT_READ)
         selector.register(self._notify, selectors.EVENT_READ)
         self._start()
-        while True:
-            selector.select(self._timeout())
-            with contextlib.suppress(BlockingIOError):
-                os.read(wake_r, 512)
-            self._read_notifications()
-            result = self._step()
-            if result is not None:
-                return result
+        try:
+            while True:
+                selector.select(self._timeout())
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 512)
+                self._read_notifications()
+                result = self._step()
+                if result is not None:
+                    return result
+        finally:
+            self._unlisten()
+
+    def _unlisten(self) -> None:
+        """Close the held socket and remove its path, unless another process has bound it since."""
+        if self._listener is None or self.listen is None:
+            return
+        with contextlib.suppress(OSError):
+            if os.stat(self.listen).st_ino == self._listen_ino:
+                self.listen.unlink()
+        self._listener.close()
 
     def _timeout(self) -> float | None:
         deadlines = [t for t in (self.kill_at, self.restart_at) if t is not None]
@@ -147,6 +196,9 @@ class Supervisor:
         self._save()
         if self.stopping:
             return 0
+        if self.restarting:  # `systemctl restart`: whatever the exit, a new process now
+            self.restarting, self.kill_at, self.restart_at = False, None, now
+            return None
         if not self.ever_ready:
             return status if status > 0 else 128 - status  # a service that never started
         if is_clean(status):
@@ -159,10 +211,20 @@ class Supervisor:
         return None
 
     def _start(self) -> None:
-        env = {**os.environ, "NOTIFY_SOCKET": self._notify_name}
-        parent = os.getpid()
-        self.child = subprocess.Popen(  # preexec_fn is safe here: the supervisor is single-threaded
-            self.argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=lambda: _die_with_parent(parent)
+        parent, notify = os.getpid(), self._notify_name
+        held = self._listener.fileno() if self._listener is not None else None
+
+        def prepare() -> None:  # in the child; preexec_fn is safe here: the supervisor is single-threaded
+            _die_with_parent(parent)
+            os.environ["NOTIFY_SOCKET"] = notify  # env=None below: the exec takes the child's environ
+            if held is not None:
+                _pass_socket(held)
+
+        self.child = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=prepare,
+            close_fds=held is None,  # else fd 3 would be closed after prepare(); the rest is not inheritable
         )
         self._save()
 
@@ -183,6 +245,13 @@ class Supervisor:
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
             self.kill_at = time.monotonic() + self.stop_timeout
+
+    def _on_restart(self, _signum: int, _frame: object) -> None:
+        if self.stopping or self.child is None or self.child.poll() is not None:
+            return
+        self.restarting = True
+        self.child.send_signal(signal.SIGTERM)
+        self.kill_at = time.monotonic() + self.stop_timeout
 
     def _save(self) -> None:
         child = self.child
@@ -214,12 +283,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--stop-timeout", type=float, default=4.0, help="SIGKILL the child this long after SIGTERM"
     )
+    parser.add_argument(
+        "--listen", type=Path, help="hold a Unix socket on this path for the child (socket activation)"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to supervise after --")
-    supervisor = Supervisor(command, args.state, args.restart_sec, args.restart_max, args.stop_timeout)
+    supervisor = Supervisor(
+        command, args.state, args.restart_sec, args.restart_max, args.stop_timeout, args.listen
+    )
     try:
         return supervisor.run()
     except OSError as exc:  # e.g. the command cannot be executed

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -74,8 +74,6 @@ class ShiftContext:
         self._served = -WATCH_PERIOD  # when the last of them stopped waiting
         self._waiting: set[str] = set()  # the paths whose watcher waits on its channel now
         self._own_agent = False  # an agent handed in is the caller's to close
-        self._reports: queue.SimpleQueue[SwitchReport | None] = queue.SimpleQueue()
-        self._reporter: threading.Thread | None = None
         why = self._open_backups(agent)
         if why:
             _tell_once(f"{name}: no failover ({why}); running as a plain context")
@@ -113,9 +111,7 @@ class ShiftContext:
         self.control_cqs = control_cqs  # whole: the watchers started above read it
         self.keys = RemoteKeys(self.agent, len(self.backups))
         self.agent.add_listener(self._on_nic)
-        self._reporter = threading.Thread(target=self._send_reports, name=f"libshift-{self.name}-reports")
-        self._reporter.daemon = True
-        self._reporter.start()
+        self.agent.add_path_source(self.paths)
         return None
 
     @property
@@ -304,28 +300,24 @@ class ShiftContext:
         return state is NicState.UP
 
     def report(self, report: SwitchReport) -> None:
-        """Tell shiftd off the data path: the call may take a while and never matters to the traffic.
+        """Tell shiftd off the data path: the agent queues it (never blocking, under the context lock) and
+        its reporter thread sends it, again after a reconnect if need be."""
+        if self.agent is not None:
+            self.agent.report(report)
 
-        A queue put, for the one reporter thread: starting a thread per report cost ~2 ms under the context
-        lock on a busy host (Thread.start waits for the new thread to get the interpreter), which delayed
-        the switch itself, and a thread per QP when many QPs switch at once."""
-        if self._reporter is not None:
-            self._reports.put(report)
-
-    def _send_reports(self) -> None:
-        assert self.agent is not None
-        while (report := self._reports.get()) is not None:
-            self.agent.report(report)  # never raises
+    def paths(self) -> Counter[tuple[str, str]]:
+        """(our device, the device in use) -> QPs: where our QPs run now, for shiftd (the agent asks)."""
+        with self.lock:
+            qps = set(self.qps.values())
+            return Counter((self.name, self.devices[qp.current].name) for qp in qps)
 
     def close(self) -> None:
         self._closing.set()
         for watcher in self._watchers:
             watcher.join(timeout=2)
-        if self._reporter is not None:
-            self._reports.put(None)  # after the reports already queued
-            self._reporter.join(timeout=2)
         if self.agent is not None:
             self.agent.remove_listener(self._on_nic)
+            self.agent.remove_path_source(self.paths)
             if self._own_agent:
                 self.agent.close()
         if self.keys is not None:

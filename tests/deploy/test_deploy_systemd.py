@@ -129,13 +129,32 @@ def test_install_refuses_to_stage_without_an_environment(tmp_path):
 def test_installed_unit_passes_systemd_analyze_verify(staged):
     """systemd checks the unit for real: keys, values, and that ExecStart is executable. The
     staged unit points at PREFIX; the copy points at the staged links instead."""
-    installed = staged / PREFIX.lstrip("/") / "lib/systemd/system/shiftd.service"
-    copy = staged / "shiftd.service"
-    copy.write_text(installed.read_text().replace(f"{PREFIX}/bin/", f"{staged}{PREFIX}/bin/"))
+    installed = staged / PREFIX.lstrip("/") / "lib/systemd/system"
+    copies = [staged / "shiftd.service", staged / "shiftd.socket"]
+    for copy in copies:
+        text = (installed / copy.name).read_text()
+        copy.write_text(text.replace(f"{PREFIX}/bin/", f"{staged}{PREFIX}/bin/"))
     result = subprocess.run(
-        [tool("systemd-analyze"), "verify", "--man=no", str(copy)], capture_output=True, text=True
+        [tool("systemd-analyze"), "verify", "--man=no", *map(str, copies)], capture_output=True, text=True
     )
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+def test_the_socket_unit_holds_the_daemons_socket_across_restarts():
+    """shiftd.socket listens where the config says shiftd serves; the service needs it and keeps the
+    directory the socket lives in when it stops."""
+    socket_unit = configparser.ConfigParser(interpolation=None, strict=True)
+    socket_unit.optionxform = str
+    socket_unit.read(UNIT.with_name("shiftd.socket"))
+    config = (REPO / "deploy/config/shiftd.toml").read_text()
+    path = socket_unit["Socket"]["ListenStream"]
+    assert f'socket = "{path}"' in config
+    assert (socket_unit["Socket"]["SocketMode"], socket_unit["Socket"]["SocketGroup"]) == ("0660", "shift")
+    unit = configparser.ConfigParser(interpolation=None, strict=True)
+    unit.optionxform = str
+    unit.read(UNIT)
+    assert "shiftd.socket" in unit["Unit"]["Requires"].split()
+    assert unit["Service"]["RuntimeDirectoryPreserve"] == "yes"
 
 
 def test_unit_is_hardened():

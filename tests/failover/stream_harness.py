@@ -226,7 +226,10 @@ def silent_blackhole(towards: str = "h1") -> Fault:
 
 class Stream:
     """The sender on h0 and the receiver on h1, connected and streaming (`with Stream(...) as s:`) once
-    the sender has posted --progress messages; `finish()` stops it and returns both final reports."""
+    the sender has posted --progress messages; `finish()` stops it and returns both final reports.
+
+    Without the `with`, `start()` starts it and `end()` ends the peers (a test whose peers start while
+    their shiftd is away: healthy_first=False, as nothing can be asked of that shiftd then)."""
 
     def __init__(
         self,
@@ -235,25 +238,31 @@ class Stream:
         qps: int = 1,
         sender_args: Sequence[str] = (),
         receiver_args: Sequence[str] = (),
+        healthy_first: bool = True,
     ) -> None:
-        wait_all_up(lab)  # every test's faults must find healthy NICs
+        if healthy_first:
+            wait_all_up(lab)  # every test's faults must find healthy NICs
         self.mode = mode
         common = ("--mode", mode, "--qps", str(qps))
         self.sender = Peer(lab, "h0", "sender", *common, *sender_args)
         self.receiver = Peer(lab, "h1", "receiver", *common, *receiver_args)
 
     def __enter__(self) -> Stream:
+        self.start()
+        return self
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Exchange the endpoints, connect, and stream until the sender has posted --progress messages."""
         sender, receiver = self.sender, self.receiver
-        ends = sender.read("endpoints", timeout=20), receiver.read("endpoints", timeout=20)
+        ends = sender.read("endpoints", timeout=timeout), receiver.read("endpoints", timeout=timeout)
         sender.send(**ends[1])
         receiver.send(**ends[0])
         for peer in (sender, receiver):
-            connected = peer.read("connected", timeout=20)
+            connected = peer.read("connected", timeout=timeout)
             assert connected == {"connected": True, "resilient": True, "state": "default"}, connected
         receiver.send(go=True)
         sender.send(go=True)
         sender.read("progress", timeout=20)
-        return self
 
     def wait_armed(self, path: str, timeout: float = 10.0) -> None:
         """Until both peers have `path` armed on every QP (a re-arm handshake is over)."""
@@ -276,9 +285,13 @@ class Stream:
         return sent, received
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        self.end(failed=kind is not None)
+
+    def end(self, failed: bool = False) -> None:
+        """End both peers (if still running); after a failure, show what they said."""
         for peer in (self.sender, self.receiver):
             peer.end(grace=0)
-            if kind is not None:  # shown by pytest with the failure
+            if failed:  # shown by pytest with the failure
                 print(f"--- {peer.host} stderr (SHIFT_TEST_LOG=INFO for more):\n{peer.stderr()}")
 
 

@@ -154,3 +154,71 @@ def test_the_agent_splits_its_publishes_at_the_daemons_limit():
     from shiftd.agents import MAX_MAPPINGS_PER_CALL
 
     assert MAPPINGS_PER_CALL == MAX_MAPPINGS_PER_CALL
+
+
+def paths(*entries):
+    """QpPaths from (default device, device in use, QPs) triples."""
+    return common_pb2.QpPaths(
+        paths=[common_pb2.QpPath(default_device=d, device=on, qps=n) for d, on, n in entries]
+    )
+
+
+def test_a_report_sent_again_counts_once_by_its_id(table):
+    agents, _, _ = table
+    a = agents.register("conn-a", ALICE, 100, "train", "job1").agent_id
+    assert agents.record_switch(a, ALICE, switch(FAILOVER, "mlx5_0", "mlx5_1"), "inst", 1)
+    assert not agents.record_switch(a, ALICE, switch(FAILOVER, "mlx5_0", "mlx5_1"), "inst", 1)  # a repeat
+    assert agents.qps_on_backup("mlx5_0") == 1
+    # the instance outlives a registration: after a reconnect, the same ids are still repeats
+    agents.connection_closed("conn-a")
+    again = agents.register("conn-a2", ALICE, 100, "train", "job1").agent_id
+    assert not agents.record_switch(again, ALICE, switch(FAILOVER, "mlx5_0", "mlx5_1"), "inst", 1)
+    assert agents.record_switch(again, ALICE, switch(FAILBACK, "mlx5_1", "mlx5_0"), "inst", 2)
+    # another instance (or another process with the same instance name) has its own numbers
+    assert agents.record_switch(again, ALICE, switch(FAILOVER, "mlx5_0", "mlx5_1"), "other", 1)
+    b = agents.register("conn-b", BOB, 200, "train", "job1").agent_id
+    assert agents.record_switch(b, BOB, switch(FAILOVER, "mlx5_0", "mlx5_1"), "inst", 1)
+    # no id (seq 0): an older agent's report, always counted
+    assert agents.record_switch(b, BOB, switch(FAILOVER, "mlx5_0", "mlx5_1"))
+    assert agents.record_switch(b, BOB, switch(FAILOVER, "mlx5_0", "mlx5_1"))
+
+
+def test_the_agents_paths_say_where_its_qps_run(table):
+    agents, _, _ = table
+    # a daemon that has just started hears where the agent's QPs are from its registration
+    a = agents.register(
+        "conn-a", ALICE, 100, "train", "job1", paths(("mlx5_0", "mlx5_1", 2), ("mlx5_0", "mlx5_0", 5))
+    ).agent_id
+    assert agents.qps_on_backup("mlx5_0") == 2
+    # with a report, the paths are taken as they are, not derived from it (a resent report adds nothing)
+    assert agents.record_switch(
+        a, ALICE, switch(FAILOVER, "mlx5_0", "mlx5_1"), "i", 1, paths(("mlx5_0", "mlx5_1", 3))
+    )
+    assert agents.qps_on_backup("mlx5_0") == 3
+    assert agents.record_switch(a, ALICE, switch(FAILBACK, "mlx5_1", "mlx5_0", qps=3), "i", 2, paths())
+    assert agents.qps_on_backup("mlx5_0") == 0
+    assert [i.qps_on_backup for i in agents.infos()] == [0]
+
+
+def test_seen_reports_keep_the_latest_instances():
+    from shiftd.reports import SeenReports
+
+    seen = SeenReports(limit=2)
+    assert seen.first_time(1, "a", 1) and seen.first_time(1, "b", 1)
+    assert not seen.first_time(1, "a", 1)  # "a" used most recently now
+    assert seen.first_time(1, "c", 1)  # past the limit: "b", the oldest, is forgotten
+    assert seen.first_time(1, "b", 1) and not seen.first_time(1, "c", 1)
+    assert seen.first_time(1, "c", 5) and not seen.first_time(1, "c", 3)  # below the highest: a repeat
+
+
+def test_reports_an_agent_dropped_are_counted_once_per_instance(table):
+    agents, _, _ = table
+    a = agents.register("conn-a", ALICE, 100, "train", "job1").agent_id
+    assert agents.count_dropped(a, ALICE, "i", 0) == 0
+    assert agents.count_dropped(a, ALICE, "i", 3) == 3  # told with a report: 3 the daemon had not heard of
+    assert agents.count_dropped(a, ALICE, "i", 3) == 0  # told again (the next report, a re-register)
+    assert agents.count_dropped(a, ALICE, "i", 5) == 2
+    assert [i.reports_dropped for i in agents.infos()] == [5]  # for shiftctl status
+    assert agents.count_dropped(a, ALICE, "j", 1) == 1  # another instance of the process: its own count
+    with pytest.raises(RefusedRequest):
+        agents.count_dropped(a, BOB, "i", 9)  # only the agent's own process speaks for it

@@ -12,7 +12,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("host", "version", "uptime_seconds", "etcd_connected", "etcd_endpoints", "lease_id", "pending_writes", "nics", "agents", "failovers", "failbacks", "socket", "metrics_address", "udev")
+    __slots__ = ("host", "version", "uptime_seconds", "etcd_connected", "etcd_endpoints", "lease_id", "pending_writes", "nics", "agents", "failovers", "failbacks", "socket", "metrics_address", "udev", "serving_unix_nanos")
     HOST_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class StatusResponse(_message.Message):
     SOCKET_FIELD_NUMBER: _ClassVar[int]
     METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     UDEV_FIELD_NUMBER: _ClassVar[int]
+    SERVING_UNIX_NANOS_FIELD_NUMBER: _ClassVar[int]
     host: str
     version: str
     uptime_seconds: float
@@ -41,7 +42,8 @@ class StatusResponse(_message.Message):
     socket: str
     metrics_address: str
     udev: str
-    def __init__(self, host: _Optional[str] = ..., version: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., etcd_connected: _Optional[bool] = ..., etcd_endpoints: _Optional[_Iterable[str]] = ..., lease_id: _Optional[int] = ..., pending_writes: _Optional[int] = ..., nics: _Optional[_Iterable[_Union[_common_pb2.Nic, _Mapping]]] = ..., agents: _Optional[_Iterable[_Union[_common_pb2.AgentInfo, _Mapping]]] = ..., failovers: _Optional[int] = ..., failbacks: _Optional[int] = ..., socket: _Optional[str] = ..., metrics_address: _Optional[str] = ..., udev: _Optional[str] = ...) -> None: ...
+    serving_unix_nanos: int
+    def __init__(self, host: _Optional[str] = ..., version: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., etcd_connected: _Optional[bool] = ..., etcd_endpoints: _Optional[_Iterable[str]] = ..., lease_id: _Optional[int] = ..., pending_writes: _Optional[int] = ..., nics: _Optional[_Iterable[_Union[_common_pb2.Nic, _Mapping]]] = ..., agents: _Optional[_Iterable[_Union[_common_pb2.AgentInfo, _Mapping]]] = ..., failovers: _Optional[int] = ..., failbacks: _Optional[int] = ..., socket: _Optional[str] = ..., metrics_address: _Optional[str] = ..., udev: _Optional[str] = ..., serving_unix_nanos: _Optional[int] = ...) -> None: ...
 
 class ListNicsRequest(_message.Message):
     __slots__ = ()

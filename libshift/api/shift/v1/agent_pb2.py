@@ -25,43 +25,43 @@ _sym_db = _symbol_database.Default()
 from libshift.api.shift.v1 import common_pb2 as shift_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14shift/v1/agent.proto\x12\x08shift.v1\x1a\x15shift/v1/common.proto\"9\n\x0fRegisterRequest\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03job\x18\x03 \x01(\t\"O\n\x10RegisterResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x1b\n\x04nics\x18\x03 \x03(\x0b\x32\r.shift.v1.Nic\"%\n\x11UnregisterRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"\x14\n\x12UnregisterResponse\")\n\x15WatchNicEventsRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"f\n\x0ePublishRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12 \n\x03qps\x18\x02 \x03(\x0b\x32\x13.shift.v1.QpMapping\x12 \n\x03mrs\x18\x03 \x03(\x0b\x32\x13.shift.v1.MrMapping\"2\n\x0fPublishResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\x12\x0f\n\x07pending\x18\x02 \x01(\r\"f\n\x0fWithdrawRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x1f\n\x03qps\x18\x02 \x03(\x0b\x32\x12.shift.v1.Endpoint\x12 \n\x03mrs\x18\x03 \x03(\x0b\x32\x13.shift.v1.MrMapping\"\x12\n\x10WithdrawResponse\"A\n\x0fLookupQpRequest\x12\x0b\n\x03gid\x18\x01 \x01(\t\x12\x0b\n\x03qpn\x18\x02 \x01(\r\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\"8\n\x10LookupQpResponse\x12$\n\x07mapping\x18\x01 \x01(\x0b\x32\x13.shift.v1.QpMapping\"B\n\x0fLookupMrRequest\x12\x0b\n\x03gid\x18\x01 \x01(\t\x12\x0c\n\x04rkey\x18\x02 \x01(\r\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\"8\n\x10LookupMrResponse\x12$\n\x07mapping\x18\x01 \x01(\x0b\x32\x13.shift.v1.MrMapping\"S\n\x15ReportFailoverRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12(\n\x06report\x18\x02 \x01(\x0b\x32\x18.shift.v1.FailoverReport\"\x18\n\x16ReportFailoverResponse2\xba\x04\n\x05\x41gent\x12\x41\n\x08Register\x12\x19.shift.v1.RegisterRequest\x1a\x1a.shift.v1.RegisterResponse\x12G\n\nUnregister\x12\x1b.shift.v1.UnregisterRequest\x1a\x1c.shift.v1.UnregisterResponse\x12G\n\x0eWatchNicEvents\x12\x1f.shift.v1.WatchNicEventsRequest\x1a\x12.shift.v1.NicEvent0\x01\x12>\n\x07Publish\x12\x18.shift.v1.PublishRequest\x1a\x19.shift.v1.PublishResponse\x12\x41\n\x08Withdraw\x12\x19.shift.v1.WithdrawRequest\x1a\x1a.shift.v1.WithdrawResponse\x12\x41\n\x08LookupQp\x12\x19.shift.v1.LookupQpRequest\x1a\x1a.shift.v1.LookupQpResponse\x12\x41\n\x08LookupMr\x12\x19.shift.v1.LookupMrRequest\x1a\x1a.shift.v1.LookupMrResponse\x12S\n\x0eReportFailover\x12\x1f.shift.v1.ReportFailoverRequest\x1a .shift.v1.ReportFailoverResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14shift/v1/agent.proto\x12\x08shift.v1\x1a\x15shift/v1/common.proto\"\x86\x01\n\x0fRegisterRequest\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03job\x18\x03 \x01(\t\x12 \n\x05paths\x18\x04 \x01(\x0b\x32\x11.shift.v1.QpPaths\x12\x10\n\x08instance\x18\x05 \x01(\t\x12\x17\n\x0freports_dropped\x18\x06 \x01(\x04\"O\n\x10RegisterResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x1b\n\x04nics\x18\x03 \x03(\x0b\x32\r.shift.v1.Nic\"%\n\x11UnregisterRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"\x14\n\x12UnregisterResponse\")\n\x15WatchNicEventsRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"f\n\x0ePublishRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12 \n\x03qps\x18\x02 \x03(\x0b\x32\x13.shift.v1.QpMapping\x12 \n\x03mrs\x18\x03 \x03(\x0b\x32\x13.shift.v1.MrMapping\"2\n\x0fPublishResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\x12\x0f\n\x07pending\x18\x02 \x01(\r\"f\n\x0fWithdrawRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x1f\n\x03qps\x18\x02 \x03(\x0b\x32\x12.shift.v1.Endpoint\x12 \n\x03mrs\x18\x03 \x03(\x0b\x32\x13.shift.v1.MrMapping\"\x12\n\x10WithdrawResponse\"A\n\x0fLookupQpRequest\x12\x0b\n\x03gid\x18\x01 \x01(\t\x12\x0b\n\x03qpn\x18\x02 \x01(\r\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\"8\n\x10LookupQpResponse\x12$\n\x07mapping\x18\x01 \x01(\x0b\x32\x13.shift.v1.QpMapping\"B\n\x0fLookupMrRequest\x12\x0b\n\x03gid\x18\x01 \x01(\t\x12\x0c\n\x04rkey\x18\x02 \x01(\r\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\"8\n\x10LookupMrResponse\x12$\n\x07mapping\x18\x01 \x01(\x0b\x32\x13.shift.v1.MrMapping\"\xad\x01\n\x15ReportFailoverRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12(\n\x06report\x18\x02 \x01(\x0b\x32\x18.shift.v1.FailoverReport\x12\x10\n\x08instance\x18\x03 \x01(\t\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12 \n\x05paths\x18\x05 \x01(\x0b\x32\x11.shift.v1.QpPaths\x12\x17\n\x0freports_dropped\x18\x06 \x01(\x04\"+\n\x16ReportFailoverResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x32\xba\x04\n\x05\x41gent\x12\x41\n\x08Register\x12\x19.shift.v1.RegisterRequest\x1a\x1a.shift.v1.RegisterResponse\x12G\n\nUnregister\x12\x1b.shift.v1.UnregisterRequest\x1a\x1c.shift.v1.UnregisterResponse\x12G\n\x0eWatchNicEvents\x12\x1f.shift.v1.WatchNicEventsRequest\x1a\x12.shift.v1.NicEvent0\x01\x12>\n\x07Publish\x12\x18.shift.v1.PublishRequest\x1a\x19.shift.v1.PublishResponse\x12\x41\n\x08Withdraw\x12\x19.shift.v1.WithdrawRequest\x1a\x1a.shift.v1.WithdrawResponse\x12\x41\n\x08LookupQp\x12\x19.shift.v1.LookupQpRequest\x1a\x1a.shift.v1.LookupQpResponse\x12\x41\n\x08LookupMr\x12\x19.shift.v1.LookupMrRequest\x1a\x1a.shift.v1.LookupMrResponse\x12S\n\x0eReportFailover\x12\x1f.shift.v1.ReportFailoverRequest\x1a .shift.v1.ReportFailoverResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'shift.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REGISTERREQUEST']._serialized_start=57
-  _globals['_REGISTERREQUEST']._serialized_end=114
-  _globals['_REGISTERRESPONSE']._serialized_start=116
-  _globals['_REGISTERRESPONSE']._serialized_end=195
-  _globals['_UNREGISTERREQUEST']._serialized_start=197
-  _globals['_UNREGISTERREQUEST']._serialized_end=234
-  _globals['_UNREGISTERRESPONSE']._serialized_start=236
-  _globals['_UNREGISTERRESPONSE']._serialized_end=256
-  _globals['_WATCHNICEVENTSREQUEST']._serialized_start=258
-  _globals['_WATCHNICEVENTSREQUEST']._serialized_end=299
-  _globals['_PUBLISHREQUEST']._serialized_start=301
-  _globals['_PUBLISHREQUEST']._serialized_end=403
-  _globals['_PUBLISHRESPONSE']._serialized_start=405
-  _globals['_PUBLISHRESPONSE']._serialized_end=455
-  _globals['_WITHDRAWREQUEST']._serialized_start=457
-  _globals['_WITHDRAWREQUEST']._serialized_end=559
-  _globals['_WITHDRAWRESPONSE']._serialized_start=561
-  _globals['_WITHDRAWRESPONSE']._serialized_end=579
-  _globals['_LOOKUPQPREQUEST']._serialized_start=581
-  _globals['_LOOKUPQPREQUEST']._serialized_end=646
-  _globals['_LOOKUPQPRESPONSE']._serialized_start=648
-  _globals['_LOOKUPQPRESPONSE']._serialized_end=704
-  _globals['_LOOKUPMRREQUEST']._serialized_start=706
-  _globals['_LOOKUPMRREQUEST']._serialized_end=772
-  _globals['_LOOKUPMRRESPONSE']._serialized_start=774
-  _globals['_LOOKUPMRRESPONSE']._serialized_end=830
-  _globals['_REPORTFAILOVERREQUEST']._serialized_start=832
-  _globals['_REPORTFAILOVERREQUEST']._serialized_end=915
-  _globals['_REPORTFAILOVERRESPONSE']._serialized_start=917
-  _globals['_REPORTFAILOVERRESPONSE']._serialized_end=941
-  _globals['_AGENT']._serialized_start=944
-  _globals['_AGENT']._serialized_end=1514
+  _globals['_REGISTERREQUEST']._serialized_start=58
+  _globals['_REGISTERREQUEST']._serialized_end=192
+  _globals['_REGISTERRESPONSE']._serialized_start=194
+  _globals['_REGISTERRESPONSE']._serialized_end=273
+  _globals['_UNREGISTERREQUEST']._serialized_start=275
+  _globals['_UNREGISTERREQUEST']._serialized_end=312
+  _globals['_UNREGISTERRESPONSE']._serialized_start=314
+  _globals['_UNREGISTERRESPONSE']._serialized_end=334
+  _globals['_WATCHNICEVENTSREQUEST']._serialized_start=336
+  _globals['_WATCHNICEVENTSREQUEST']._serialized_end=377
+  _globals['_PUBLISHREQUEST']._serialized_start=379
+  _globals['_PUBLISHREQUEST']._serialized_end=481
+  _globals['_PUBLISHRESPONSE']._serialized_start=483
+  _globals['_PUBLISHRESPONSE']._serialized_end=533
+  _globals['_WITHDRAWREQUEST']._serialized_start=535
+  _globals['_WITHDRAWREQUEST']._serialized_end=637
+  _globals['_WITHDRAWRESPONSE']._serialized_start=639
+  _globals['_WITHDRAWRESPONSE']._serialized_end=657
+  _globals['_LOOKUPQPREQUEST']._serialized_start=659
+  _globals['_LOOKUPQPREQUEST']._serialized_end=724
+  _globals['_LOOKUPQPRESPONSE']._serialized_start=726
+  _globals['_LOOKUPQPRESPONSE']._serialized_end=782
+  _globals['_LOOKUPMRREQUEST']._serialized_start=784
+  _globals['_LOOKUPMRREQUEST']._serialized_end=850
+  _globals['_LOOKUPMRRESPONSE']._serialized_start=852
+  _globals['_LOOKUPMRRESPONSE']._serialized_end=908
+  _globals['_REPORTFAILOVERREQUEST']._serialized_start=911
+  _globals['_REPORTFAILOVERREQUEST']._serialized_end=1084
+  _globals['_REPORTFAILOVERRESPONSE']._serialized_start=1086
+  _globals['_REPORTFAILOVERRESPONSE']._serialized_end=1129
+  _globals['_AGENT']._serialized_start=1132
+  _globals['_AGENT']._serialized_end=1702
 # @@protoc_insertion_point(module_scope)

@@ -8,14 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("pid", "name", "job")
+    __slots__ = ("pid", "name", "job", "paths", "instance", "reports_dropped")
     PID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     pid: int
     name: str
     job: str
-    def __init__(self, pid: _Optional[int] = ..., name: _Optional[str] = ..., job: _Optional[str] = ...) -> None: ...
+    paths: _common_pb2.QpPaths
+    instance: str
+    reports_dropped: int
+    def __init__(self, pid: _Optional[int] = ..., name: _Optional[str] = ..., job: _Optional[str] = ..., paths: _Optional[_Union[_common_pb2.QpPaths, _Mapping]] = ..., instance: _Optional[str] = ..., reports_dropped: _Optional[int] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("agent_id", "host", "nics")
@@ -108,13 +114,23 @@ class LookupMrResponse(_message.Message):
     def __init__(self, mapping: _Optional[_Union[_common_pb2.MrMapping, _Mapping]] = ...) -> None: ...
 
 class ReportFailoverRequest(_message.Message):
-    __slots__ = ("agent_id", "report")
+    __slots__ = ("agent_id", "report", "instance", "seq", "paths", "reports_dropped")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     report: _common_pb2.FailoverReport
-    def __init__(self, agent_id: _Optional[str] = ..., report: _Optional[_Union[_common_pb2.FailoverReport, _Mapping]] = ...) -> None: ...
+    instance: str
+    seq: int
+    paths: _common_pb2.QpPaths
+    reports_dropped: int
+    def __init__(self, agent_id: _Optional[str] = ..., report: _Optional[_Union[_common_pb2.FailoverReport, _Mapping]] = ..., instance: _Optional[str] = ..., seq: _Optional[int] = ..., paths: _Optional[_Union[_common_pb2.QpPaths, _Mapping]] = ..., reports_dropped: _Optional[int] = ...) -> None: ...
 
 class ReportFailoverResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("duplicate",)
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    duplicate: bool
+    def __init__(self, duplicate: _Optional[bool] = ...) -> None: ...

@@ -155,8 +155,24 @@ class FailoverReport(_message.Message):
     default_device: str
     def __init__(self, kind: _Optional[_Union[FailoverKind, str]] = ..., device: _Optional[str] = ..., backup_device: _Optional[str] = ..., reason: _Optional[str] = ..., downtime_seconds: _Optional[float] = ..., reposted_work_requests: _Optional[int] = ..., qps: _Optional[int] = ..., time_unix_nanos: _Optional[int] = ..., default_device: _Optional[str] = ...) -> None: ...
 
+class QpPath(_message.Message):
+    __slots__ = ("default_device", "device", "qps")
+    DEFAULT_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    QPS_FIELD_NUMBER: _ClassVar[int]
+    default_device: str
+    device: str
+    qps: int
+    def __init__(self, default_device: _Optional[str] = ..., device: _Optional[str] = ..., qps: _Optional[int] = ...) -> None: ...
+
+class QpPaths(_message.Message):
+    __slots__ = ("paths",)
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    paths: _containers.RepeatedCompositeFieldContainer[QpPath]
+    def __init__(self, paths: _Optional[_Iterable[_Union[QpPath, _Mapping]]] = ...) -> None: ...
+
 class AgentInfo(_message.Message):
-    __slots__ = ("agent_id", "pid", "uid", "name", "job", "registered_unix_nanos", "qp_mappings", "mr_mappings", "qps_on_backup")
+    __slots__ = ("agent_id", "pid", "uid", "name", "job", "registered_unix_nanos", "qp_mappings", "mr_mappings", "qps_on_backup", "reports_dropped")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +182,7 @@ class AgentInfo(_message.Message):
     QP_MAPPINGS_FIELD_NUMBER: _ClassVar[int]
     MR_MAPPINGS_FIELD_NUMBER: _ClassVar[int]
     QPS_ON_BACKUP_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     pid: int
     uid: int
@@ -175,4 +192,5 @@ class AgentInfo(_message.Message):
     qp_mappings: int
     mr_mappings: int
     qps_on_backup: int
-    def __init__(self, agent_id: _Optional[str] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., name: _Optional[str] = ..., job: _Optional[str] = ..., registered_unix_nanos: _Optional[int] = ..., qp_mappings: _Optional[int] = ..., mr_mappings: _Optional[int] = ..., qps_on_backup: _Optional[int] = ...) -> None: ...
+    reports_dropped: int
+    def __init__(self, agent_id: _Optional[str] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., name: _Optional[str] = ..., job: _Optional[str] = ..., registered_unix_nanos: _Optional[int] = ..., qp_mappings: _Optional[int] = ..., mr_mappings: _Optional[int] = ..., qps_on_backup: _Optional[int] = ..., reports_dropped: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,70 @@
+"""Failover reports waiting for shiftd's acknowledgement: bounded, numbered, oldest first.
+
+A report is made on the data path and must never wait there, nor be lost because shiftd is away (restarting,
+or not started yet): it is queued, numbered, and sent by the agent's reporter thread one at a time, in
+order; only shiftd's answer takes it off the queue, so one that was not acknowledged is sent again (after
+a reconnect, to the new daemon). The number is the report's id on the wire (with the agent's instance), so
+shiftd counts a report sent twice once. A queue at its bound drops its oldest report to take a new one, and
+counts it: shiftd down for long under a storm of switches costs the record the oldest, never the memory.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Generic, TypeVar
+
+MAX_PENDING = 4096
+T = TypeVar("T")
+
+
+class ReportQueue(Generic[T]):
+    """Thread-safe; `put` never blocks."""
+
+    def __init__(self, bound: int = MAX_PENDING) -> None:
+        self._cond = threading.Condition()
+        self._pending: deque[tuple[int, T]] = deque()
+        self._bound = bound
+        self._next = 1  # 0 means "no id" to shiftd
+        self.dropped = 0  # ever dropped past the bound
+        self._closed = False
+
+    def put(self, item: T) -> int:
+        """Queue `item`; its number."""
+        with self._cond:
+            if len(self._pending) >= self._bound:
+                self._pending.popleft()
+                self.dropped += 1
+            seq, self._next = self._next, self._next + 1
+            self._pending.append((seq, item))
+            self._cond.notify_all()
+            return seq
+
+    def head(self, timeout: float | None = None) -> tuple[int, T] | None:
+        """The oldest report not yet acknowledged (waiting up to `timeout` s for one), or None (also once
+        closed)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending or self._closed, timeout)
+            return self._pending[0] if self._pending and not self._closed else None
+
+    def ack(self, seq: int) -> None:
+        """shiftd has report `seq`: off the queue (unless the bound dropped it meanwhile)."""
+        with self._cond:
+            if self._pending and self._pending[0][0] == seq:
+                self._pending.popleft()
+                self._cond.notify_all()
+
+    def wait_empty(self, timeout: float) -> bool:
+        """Until every report is acknowledged, up to `timeout` s; whether they are."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._pending, timeout)
+
+    def close(self) -> None:
+        """End the waits for a head now and from now on (the agent is closing)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._pending)

@@ -1,0 +1,46 @@
+"""libshift.reportqueue: the agent's failover reports until shiftd acknowledges them."""
+
+import threading
+
+from libshift.reportqueue import ReportQueue
+
+
+def test_reports_are_numbered_and_leave_only_when_acknowledged():
+    queue = ReportQueue()
+    assert [queue.put("a"), queue.put("b")] == [1, 2]
+    assert queue.head() == (1, "a")
+    assert queue.head() == (1, "a")  # not acknowledged: the same one again
+    queue.ack(2)  # not the head: nothing leaves
+    assert len(queue) == 2
+    queue.ack(1)
+    assert queue.head() == (2, "b")
+    queue.ack(2)
+    assert len(queue) == 0 and queue.head(timeout=0.01) is None
+
+
+def test_past_the_bound_the_oldest_goes_and_is_counted():
+    queue = ReportQueue(bound=2)
+    for item in "abcd":
+        queue.put(item)
+    assert queue.dropped == 2
+    assert queue.head() == (3, "c")
+    queue.ack(1)  # the sender's ack of a report the bound dropped meanwhile: the head stays
+    assert queue.head() == (3, "c")
+
+
+def test_a_waiting_sender_wakes_for_a_report_and_for_close():
+    queue = ReportQueue()
+    got = []
+    sender = threading.Thread(target=lambda: got.append(queue.head(timeout=5)))
+    sender.start()
+    queue.put("a")
+    sender.join(timeout=5)
+    assert got == [(1, "a")]
+    assert not queue.wait_empty(0.01)
+    queue.ack(1)
+    assert queue.wait_empty(0.01)
+    closer = threading.Thread(target=lambda: got.append(queue.head(timeout=5)))
+    closer.start()
+    queue.close()
+    closer.join(timeout=5)
+    assert got[-1] is None and not closer.is_alive()
