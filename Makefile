@@ -31,7 +31,7 @@ test-unit: $(STAMP)
 # rxe1, link faults on) in a VM with Soft-RoCE devices (shiftlab/rxe). About 10 minutes under TCG, where
 # every test runs about ten times slower: 600 s a test (the 1 GiB transfer alone takes 160-210 s there).
 RXE_ENV := -e SHIFT_TEST_PROVIDER=verbs -e SHIFT_TEST_VERBS_DEVICES=rxe0,rxe1 -e SHIFT_TEST_VERBS_BREAK_LINK=1
-RXE_TESTS := tests/test_verbs_provider.py tests/conformance
+RXE_TESTS := tests/providers/test_verbs_provider.py tests/conformance
 test-rxe: setup
 	$(PY) -m shiftlab.rxe run --timeout 2400 $(RXE_ENV) -- \
 		$(abspath $(PY)) -m pytest -q -p no:cacheprovider --timeout 600 $(RXE_TESTS)
