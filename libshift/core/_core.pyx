@@ -211,8 +211,8 @@ cdef class CQ:
         out = []
         if self.closed or self.ctx.closed:
             return out
-        while num_entries > 0:
-            want = min(num_entries, POLL_BATCH)
+        while True:
+            want = max(0, min(num_entries, POLL_BATCH))  # poll(0) asks too: it makes progress, sees overflow
             with nogil:
                 got = c.sc_cq_poll(self.ptr, want, wcs)
             if got < 0:
@@ -221,10 +221,9 @@ cdef class CQ:
                 w = &wcs[i]
                 out.append(WC(w.wr_id, _STATUS.get(w.status, w.status), _OPCODE.get(w.opcode, w.opcode),
                               w.qp_num, w.byte_len, w.imm_data, w.wc_flags, w.src_qp))
-            if got < want:
-                break
             num_entries -= got
-        return out
+            if got < want or num_entries <= 0:
+                return out
 
     def req_notify(self, bint solicited_only):
         if not self.closed and not self.ctx.closed:

@@ -64,24 +64,10 @@ void sc_watch_del(struct sc_ctx *ctx, int fd, uint64_t watch) {
     w->obj = NULL;
 }
 
-static void wake(struct sc_ctx *ctx) {
+void sc_engine_wake(struct sc_ctx *ctx) {
     uint64_t one = 1;
     while (write(ctx->wakefd, &one, sizeof one) < 0 && errno == EINTR) {
     }
-}
-
-void sc_timer_changed(struct sc_ctx *ctx, int64_t due) {
-    /* the progress thread's wait must end by the new deadline; a wake-up costs a thread switch */
-    if (due && ctx->sleep_until && due < ctx->sleep_until) wake(ctx);
-}
-
-static int64_t first_due(struct sc_ctx *ctx) {
-    int64_t first = 0;
-    for (struct sc_qp *qp = ctx->qps; qp; qp = qp->next) {
-        int64_t due = sc_qp_next_due(qp);
-        if (due && (!first || due < first)) first = due;
-    }
-    return first;
 }
 
 static void dispatch(struct sc_ctx *ctx, const struct epoll_event *events, int n, int progress_thread) {
@@ -110,11 +96,7 @@ static void dispatch(struct sc_ctx *ctx, const struct epoll_event *events, int n
         default: break;
         }
     }
-    int64_t now = sc_now();
-    for (struct sc_qp *qp = ctx->qps; qp; qp = qp->next) {
-        int64_t due = sc_qp_next_due(qp);
-        if (due && due <= now) sc_qp_fire_timers(qp, now);
-    }
+    sc_timers_fire(ctx, sc_now());
     sc_conn_reap(ctx);
 }
 
@@ -129,7 +111,7 @@ static void *run(void *arg) {
     struct epoll_event events[MAX_EVENTS];
     pthread_mutex_lock(&ctx->lock);
     while (!ctx->stopping) {
-        int64_t due = first_due(ctx), now = sc_now();
+        int64_t due = sc_timers_first(ctx), now = sc_now();
         int timeout = -1;
         if (due) {
             int64_t ms = due <= now ? 0 : (due - now + 999999) / 1000000;
@@ -168,7 +150,7 @@ fail:
 void sc_ctx_free(sc_ctx *ctx) {
     pthread_mutex_lock(&ctx->lock);
     ctx->stopping = 1;
-    wake(ctx);
+    sc_engine_wake(ctx);
     pthread_mutex_unlock(&ctx->lock);
     pthread_join(ctx->thread, NULL);
     sc_qp_free_all(ctx);
@@ -178,6 +160,7 @@ void sc_ctx_free(sc_ctx *ctx) {
     close(ctx->epfd);
     close(ctx->wakefd);
     free(ctx->watches);
+    free(ctx->heap);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
 }

@@ -132,6 +132,8 @@ struct sc_sq_item {
     uint8_t *inline_data;
 };
 
+enum { T_DEADLINE = 0, T_RNR, T_ACK, SC_NTIMERS }; /* a QP's timers: ack deadline, RNR retry, delayed ACK */
+
 struct sc_rq_item {
     uint64_t wr_id;
     uint64_t capacity;
@@ -176,8 +178,10 @@ struct sc_qp {
     int has_ack;
     uint32_t ack_seq, unacked;
     int accepted;
-    /* timers (0: off) */
-    int64_t t_deadline, t_rnr, t_ack;
+    /* timers (0: off), set only through sc_timer_set; due is the earliest, the QP's key in the heap */
+    int64_t timer[SC_NTIMERS];
+    int64_t due;
+    uint32_t heap_pos; /* its place in the context's timer heap, plus one; 0: not in it */
     struct sc_qp *next, *prev;
 };
 
@@ -205,6 +209,9 @@ struct sc_ctx {
     struct sc_cq *cqs;
     struct sc_chan *chans;
     struct sc_qp *qps;
+    uint32_t nqps;
+    struct sc_qp **heap; /* the QPs with a timer armed, earliest first (timers.c) */
+    uint32_t heap_len, heap_cap;
     struct sc_conn *dead; /* closed connections, freed at the end of a pass */
     uint8_t staging[SC_STAGING];
 };
@@ -214,8 +221,17 @@ int64_t sc_now(void);
 uint64_t sc_watch_add(struct sc_ctx *ctx, int fd, int kind, void *obj, int want_write);
 void sc_watch_mod(struct sc_ctx *ctx, int fd, uint64_t watch, int want_write);
 void sc_watch_del(struct sc_ctx *ctx, int fd, uint64_t watch);
-void sc_timer_changed(struct sc_ctx *ctx, int64_t due);
+void sc_engine_wake(struct sc_ctx *ctx);
 void sc_pass(struct sc_ctx *ctx, int timeout_ms);
+
+/* timers.c */
+/* Room in the heap for this many QPs: 0 when it cannot be had. */
+int sc_timers_reserve(struct sc_ctx *ctx, uint32_t qps);
+/* Arms (due > 0) or stops (0) one of the QP's timers. */
+void sc_timer_set(struct sc_qp *qp, int which, int64_t due);
+/* The earliest armed timer of the context, 0: none. */
+int64_t sc_timers_first(const struct sc_ctx *ctx);
+void sc_timers_fire(struct sc_ctx *ctx, int64_t now);
 
 /* mr.c */
 struct sc_mr *sc_mr_local(struct sc_ctx *ctx, uint32_t pd_id, uint32_t lkey);
@@ -255,7 +271,6 @@ void sc_qp_on_broken(struct sc_qp *qp, struct sc_conn *conn);
 void sc_qp_listen_ready(struct sc_qp *qp);
 void sc_qp_connect_ready(struct sc_qp *qp);
 void sc_qp_fire_timers(struct sc_qp *qp, int64_t now);
-int64_t sc_qp_next_due(const struct sc_qp *qp);
 void sc_qp_enter_error(struct sc_qp *qp);
 void sc_qp_send_response(struct sc_qp *qp, struct sc_frame *frame);
 void sc_qp_complete_send(struct sc_qp *qp, const struct sc_sq_item *item, int status);

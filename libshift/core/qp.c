@@ -15,6 +15,12 @@
 
 #include "internal.h"
 
+static void free_memory(struct sc_qp *qp) {
+    free(qp->sq);
+    free(qp->rq);
+    free(qp);
+}
+
 sc_qp *sc_qp_new(sc_pd *pd, sc_cq *send_cq, sc_cq *recv_cq, const struct sc_cap *cap, int sq_sig_all,
                  int listen_fd, uint32_t qpn, uint32_t local_ip) {
     struct sc_ctx *ctx = pd->ctx;
@@ -23,9 +29,7 @@ sc_qp *sc_qp_new(sc_pd *pd, sc_cq *send_cq, sc_cq *recv_cq, const struct sc_cap 
     qp->sq = calloc(cap->max_send_wr ? cap->max_send_wr : 1, sizeof *qp->sq);
     qp->rq = calloc(cap->max_recv_wr ? cap->max_recv_wr : 1, sizeof *qp->rq);
     if (!qp->sq || !qp->rq) {
-        free(qp->sq);
-        free(qp->rq);
-        free(qp);
+        free_memory(qp);
         return NULL;
     }
     qp->ctx = ctx;
@@ -40,6 +44,12 @@ sc_qp *sc_qp_new(sc_pd *pd, sc_cq *send_cq, sc_cq *recv_cq, const struct sc_cap 
     qp->rnr_retry = 7;
     qp->min_rnr_timer = 12;
     pthread_mutex_lock(&ctx->lock);
+    if (!sc_timers_reserve(ctx, ctx->nqps + 1)) {
+        pthread_mutex_unlock(&ctx->lock);
+        free_memory(qp);
+        return NULL;
+    }
+    ctx->nqps++;
     qp->send_cq = send_cq;
     qp->recv_cq = recv_cq;
     send_cq->refs++;
@@ -182,7 +192,7 @@ void sc_qp_enter_error(struct sc_qp *qp) {
     sc_req_flush(qp, 1);
     sc_resp_flush(qp, 1);
     qp->has_ack = 0;
-    qp->t_ack = 0;
+    sc_timer_set(qp, T_ACK, 0);
     stop_listening(qp);
     if (qp->conn) sc_conn_close_when_sent(qp->conn);
 }
@@ -198,7 +208,7 @@ static void reset(struct sc_qp *qp) {
     sc_req_flush(qp, 0);
     sc_resp_flush(qp, 0);
     qp->has_ack = 0;
-    qp->t_ack = qp->t_rnr = qp->t_deadline = 0;
+    for (int i = 0; i < SC_NTIMERS; i++) sc_timer_set(qp, i, 0);
     qp->has_remote = 0;
     qp->state = SC_QPS_RESET;
 }
@@ -214,6 +224,7 @@ static void unlink_qp(struct sc_qp *qp) {
     if (qp->prev) qp->prev->next = qp->next;
     else ctx->qps = qp->next;
     if (qp->next) qp->next->prev = qp->prev;
+    ctx->nqps--;
 }
 
 static void destroy(struct sc_qp *qp) {
@@ -221,9 +232,7 @@ static void destroy(struct sc_qp *qp) {
     close(qp->listen_fd);
     sc_cq_put(qp->send_cq);
     sc_cq_put(qp->recv_cq);
-    free(qp->sq);
-    free(qp->rq);
-    free(qp);
+    free_memory(qp);
 }
 
 void sc_qp_free(sc_qp *qp) {
@@ -262,7 +271,7 @@ enum sc_post_error sc_qp_post_send(sc_qp *qp, const struct sc_send_wr *wrs, int 
     else {
         if (qp->conn) sc_conn_pump(qp->conn);
         if (!qp->deadline) sc_req_arm(qp);
-        if (qp->t_ack && !qp->has_ack) qp->t_ack = 0; /* the request carried the ack */
+        if (!qp->has_ack) sc_timer_set(qp, T_ACK, 0); /* a request carried the ack */
     }
     pthread_mutex_unlock(&ctx->lock);
     return err;
@@ -358,11 +367,10 @@ void sc_qp_after_input(struct sc_qp *qp, struct sc_conn *conn) {
     if (conn != qp->conn) return;
     if (sc_req_unsent(qp)) sc_qp_pump(qp);
     if (qp->unacked >= SC_ACK_BATCH) {
-        qp->t_ack = 0;
+        sc_timer_set(qp, T_ACK, 0);
         send_ack(qp);
-    } else if (qp->has_ack && !qp->t_ack) {
-        qp->t_ack = sc_now() + SC_ACK_DELAY_NS;
-        sc_timer_changed(qp->ctx, qp->t_ack);
+    } else if (qp->has_ack && !qp->timer[T_ACK]) {
+        sc_timer_set(qp, T_ACK, sc_now() + SC_ACK_DELAY_NS);
     }
 }
 
@@ -384,25 +392,14 @@ void sc_qp_on_broken(struct sc_qp *qp, struct sc_conn *conn) {
 
 /* -- timers ------------------------------------------------------------------------------------------ */
 
-int64_t sc_qp_next_due(const struct sc_qp *qp) {
-    int64_t due = 0;
-    const int64_t timers[] = {qp->t_deadline, qp->t_rnr, qp->t_ack};
-    for (int i = 0; i < 3; i++)
-        if (timers[i] && (!due || timers[i] < due)) due = timers[i];
-    return due;
+static int take_due(struct sc_qp *qp, int which, int64_t now) {
+    if (!qp->timer[which] || qp->timer[which] > now) return 0;
+    sc_timer_set(qp, which, 0);
+    return 1;
 }
 
 void sc_qp_fire_timers(struct sc_qp *qp, int64_t now) {
-    if (qp->t_ack && qp->t_ack <= now) {
-        qp->t_ack = 0;
-        send_ack(qp);
-    }
-    if (qp->t_rnr && qp->t_rnr <= now) {
-        qp->t_rnr = 0;
-        sc_req_rnr_resume(qp);
-    }
-    if (qp->t_deadline && qp->t_deadline <= now) {
-        qp->t_deadline = 0;
-        sc_req_check_deadline(qp);
-    }
+    if (take_due(qp, T_ACK, now)) send_ack(qp);
+    if (take_due(qp, T_RNR, now)) sc_req_rnr_resume(qp);
+    if (take_due(qp, T_DEADLINE, now)) sc_req_check_deadline(qp);
 }

@@ -204,8 +204,7 @@ void sc_req_on_nak(struct sc_qp *qp, uint32_t wire_seq, uint32_t syndrome, uint6
     qp->tx_seq = item->seq; /* go back: the responder drops everything after the NAK'd request */
     qp->rnr_wait = 1;
     qp->deadline = 0;
-    qp->t_rnr = sc_now() + (int64_t)rnr_delay_us[rnr_timer & 31] * 1000;
-    sc_timer_changed(qp->ctx, qp->t_rnr);
+    sc_timer_set(qp, T_RNR, sc_now() + (int64_t)rnr_delay_us[rnr_timer & 31] * 1000);
 }
 
 void sc_req_rnr_resume(struct sc_qp *qp) {
@@ -261,7 +260,8 @@ void sc_req_flush(struct sc_qp *qp, int push) {
     qp->tx_seq = qp->next_seq;
     qp->rnr_wait = 0;
     qp->deadline = 0;
-    qp->t_deadline = qp->t_rnr = 0;
+    sc_timer_set(qp, T_DEADLINE, 0);
+    sc_timer_set(qp, T_RNR, 0);
 }
 
 /* -- the ack deadline -------------------------------------------------------------------------------- */
@@ -277,10 +277,7 @@ void sc_req_arm(struct sc_qp *qp) {
     qp->deadline = now + (int64_t)qp->ack_timeout_ns;
     qp->look = now + (int64_t)qp->retry_period_ns;
     sc_path_reset(&qp->path);
-    if (!qp->t_deadline) {
-        qp->t_deadline = qp->look;
-        sc_timer_changed(qp->ctx, qp->look);
-    }
+    if (!qp->timer[T_DEADLINE]) sc_timer_set(qp, T_DEADLINE, qp->look);
 }
 
 void sc_req_check_deadline(struct sc_qp *qp) {
@@ -299,6 +296,5 @@ void sc_req_check_deadline(struct sc_qp *qp) {
         }
         qp->look = now + period < qp->deadline ? now + period : qp->deadline;
     }
-    qp->t_deadline = qp->look;
-    sc_timer_changed(qp->ctx, qp->look);
+    sc_timer_set(qp, T_DEADLINE, qp->look);
 }

@@ -198,12 +198,74 @@ static void test_refusals(void) {
     sc_ctx_free(ctx);
 }
 
+/* The heap is in order and every QP in it knows its place. */
+static int heap_sound(const sc_ctx *ctx) {
+    for (uint32_t i = 0; i < ctx->heap_len; i++) {
+        if (ctx->heap[i]->heap_pos != i + 1 || !ctx->heap[i]->due) return 0;
+        if (i && ctx->heap[(i - 1) / 2]->due > ctx->heap[i]->due) return 0;
+    }
+    return 1;
+}
+
+/* The earliest timer of qps[0..n), found the slow way; and whether each QP's key is its earliest. */
+static int64_t earliest_of(sc_qp *const *qps, int n, int *keys_right) {
+    int64_t first = 0;
+    *keys_right = 1;
+    for (int i = 0; i < n; i++) {
+        int64_t due = 0;
+        for (int t = 0; t < SC_NTIMERS; t++)
+            if (qps[i]->timer[t] && (!due || qps[i]->timer[t] < due)) due = qps[i]->timer[t];
+        if (due != qps[i]->due || (due != 0) != (qps[i]->heap_pos != 0)) *keys_right = 0;
+        if (due && (!first || due < first)) first = due;
+    }
+    return first;
+}
+
+static void test_timer_heap(void) {
+    enum { N = 1000 };
+    sc_ctx *ctx = sc_ctx_new();
+    sc_pd *pd = sc_pd_new(ctx);
+    sc_cq *cq = sc_cq_new(ctx, 4, NULL, 0);
+    struct sc_cap cap = {1, 1, 1, 1, 0};
+    static sc_qp *qps[N];
+    for (int i = 0; i < N; i++) qps[i] = sc_qp_new(pd, cq, cq, &cap, 0, -1, (uint32_t)i + 1, 0x7f000001);
+    int keys_right;
+    pthread_mutex_lock(&ctx->lock);
+    CHECK(ctx->heap_len == 0 && sc_timers_first(ctx) == 0); /* idle QPs are not looked at */
+    int64_t far = sc_now() + 3600 * 1000000000ll;
+    for (int i = 0; i < N; i++) sc_timer_set(qps[i], i % SC_NTIMERS, far + (i * 7919) % 100003 + 1);
+    CHECK(ctx->heap_len == N && heap_sound(ctx));
+    CHECK(sc_timers_first(ctx) == earliest_of(qps, N, &keys_right) && keys_right);
+    for (int i = 0; i < N; i++) { /* stop a third, move a third earlier, a third later */
+        if (i % 3 == 0) sc_timer_set(qps[i], i % SC_NTIMERS, 0);
+        else sc_timer_set(qps[i], (i + 1) % SC_NTIMERS, far + (i % 3 == 1 ? -(i * 31) : i * 31 + 200000));
+    }
+    CHECK(ctx->heap_len == N - (N + 2) / 3 && heap_sound(ctx));
+    CHECK(sc_timers_first(ctx) == earliest_of(qps, N, &keys_right) && keys_right);
+    int64_t now = sc_now();
+    for (int k = 0; k < 5; k++) sc_timer_set(qps[k * 100 + 3], T_ACK, now - k); /* due: a pass fires them */
+    CHECK(sc_timers_first(ctx) <= now);
+    sc_timers_fire(ctx, now);
+    for (int k = 0; k < 5; k++) CHECK(qps[k * 100 + 3]->timer[T_ACK] == 0);
+    CHECK(sc_timers_first(ctx) > now && heap_sound(ctx));
+    CHECK(sc_timers_first(ctx) == earliest_of(qps, N, &keys_right) && keys_right);
+    pthread_mutex_unlock(&ctx->lock);
+    for (int i = 0; i < N; i += 2) sc_qp_free(qps[i]); /* a freed QP leaves the heap */
+    pthread_mutex_lock(&ctx->lock);
+    int odd_armed = 0;
+    for (int i = 1; i < N; i += 2) odd_armed += qps[i]->due != 0;
+    CHECK(ctx->heap_len == (uint32_t)odd_armed && heap_sound(ctx));
+    pthread_mutex_unlock(&ctx->lock);
+    sc_ctx_free(ctx);
+}
+
 int main(void) {
     test_wire_layout();
     test_wire_refuses_what_it_cannot_frame();
     test_keys_and_bounds();
     test_a_connected_pair();
     test_refusals();
+    test_timer_heap();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
