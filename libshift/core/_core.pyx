@@ -5,6 +5,9 @@ The C side only ever sees pointers and numbers. What keeps Python objects alive 
 buffer it registered (a Py_buffer export, so a bytearray cannot be resized under the transport) until the
 core says nothing uses the memory any more; an MR still busy when closed waits in its context's graveyard.
 Every object holds its Context and does nothing once the context is closed, since sc_ctx_free has freed it.
+A QP, CQ or channel may be closed while another thread is inside a call on it with the interpreter lock
+released (Guarded): the close waits for that call to leave before it frees, and later calls are refused
+(a post raises VerbsRDMAError, a poll finds nothing, a wait ends): never a freed pointer in use.
 """
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
@@ -13,7 +16,8 @@ from libc.stdlib cimport free, malloc
 
 cimport libshift.core.cshift as c
 
-from libshift.vocabulary.enums import ibv_wc_opcode, ibv_wc_status
+from libshift.vocabulary.enums import ibv_qp_state, ibv_wc_opcode, ibv_wc_status
+from libshift.vocabulary.errors import VerbsRDMAError
 from libshift.vocabulary.wr import WC
 
 # why a post was refused (enum sc_post_error)
@@ -21,6 +25,34 @@ POST_OK, POST_STATE, POST_QUEUE_FULL, POST_OPCODE, POST_SGES, POST_INLINE, POST_
 _STATUS = {int(s): s for s in ibv_wc_status}
 _OPCODE = {int(o): o for o in ibv_wc_opcode}
 DEF POLL_BATCH = 64
+
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+
+cdef class Guarded:
+    """The count of calls inside this object's C side with the interpreter lock released; `busy` and
+    `closed` change only under the lock, so a close that has set `closed` waits for `busy` to reach 0."""
+    cdef bint closed
+    cdef int busy
+
+    cdef bint enter(self):
+        """Count a call in, unless the object is closed (False: do nothing)."""
+        if self.closed:
+            return False
+        self.busy += 1
+        return True
+
+    cdef void leave(self):
+        self.busy -= 1
+
+    cdef void quiesce(self):
+        """Refuse new calls and wait for those inside to leave (they need the lock back to say so)."""
+        self.closed = True
+        while self.busy:
+            with nogil:
+                sched_yield()
 
 
 cdef class Context:
@@ -140,10 +172,9 @@ cdef class MR:
             PyBuffer_Release(&self.view)
 
 
-cdef class Channel:
+cdef class Channel(Guarded):
     cdef c.sc_chan *ptr
     cdef Context ctx
-    cdef bint closed
 
     def __cinit__(self, Context ctx):
         self.ctx = ctx
@@ -152,7 +183,7 @@ cdef class Channel:
             raise OSError("shift core: cannot make a completion channel")
 
     def fileno(self):
-        return c.sc_chan_fd(self.ptr)
+        return -1 if self.closed else c.sc_chan_fd(self.ptr)
 
     def wait(self, timeout):
         """The cookie of the next armed CQ that got a completion; None when woken or after timeout s.
@@ -162,39 +193,47 @@ cdef class Channel:
         cdef c.pollfd pfd
         import time
         end = None if timeout is None else time.monotonic() + timeout
-        while not self.ctx.closed and not self.closed:
-            got = c.sc_chan_take(self.ptr, &cookie)
-            if got == 1:
-                return cookie
-            if got == 2:
-                return None
-            if end is None:
-                ms = -1
-            else:
-                left = end - time.monotonic()
-                if left <= 0:
+        if self.ctx.closed or not self.enter():
+            return None
+        try:
+            while not self.ctx.closed and not self.closed:
+                got = c.sc_chan_take(self.ptr, &cookie)
+                if got == 1:
+                    return cookie
+                if got == 2:
                     return None
-                ms = max(1, int(left * 1000 + 0.999))
-            pfd.fd = c.sc_chan_fd(self.ptr)
-            pfd.events = c.POLLIN
-            with nogil:
-                c.poll(&pfd, 1, ms)
-        return None
+                if end is None:
+                    ms = -1
+                else:
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        return None
+                    ms = max(1, int(left * 1000 + 0.999))
+                pfd.fd = c.sc_chan_fd(self.ptr)
+                pfd.events = c.POLLIN
+                with nogil:
+                    c.poll(&pfd, 1, ms)
+            return None
+        finally:
+            self.leave()
 
     def wake(self):
         if not self.ctx.closed and not self.closed:
             c.sc_chan_wake(self.ptr)
 
     def close(self):
-        if not self.closed and not self.ctx.closed:
+        if self.closed:
+            return
+        if not self.ctx.closed:
+            c.sc_chan_wake(self.ptr)  # a waiter in poll() returns, sees `closed` and leaves
+        self.quiesce()
+        if not self.ctx.closed:
             c.sc_chan_free(self.ptr)
-        self.closed = True
 
 
-cdef class CQ:
+cdef class CQ(Guarded):
     cdef c.sc_cq *ptr
     cdef Context ctx
-    cdef bint closed
     cdef public uint32_t cqe
 
     def __cinit__(self, Context ctx, uint32_t cqe, Channel channel, uint64_t cookie):
@@ -209,12 +248,15 @@ cdef class CQ:
         cdef c.sc_wc wcs[POLL_BATCH]
         cdef int got, i, want
         out = []
-        if self.closed or self.ctx.closed:
+        if self.ctx.closed or not self.enter():
             return out
         while True:
             want = max(0, min(num_entries, POLL_BATCH))  # poll(0) asks too: it makes progress, sees overflow
-            with nogil:
-                got = c.sc_cq_poll(self.ptr, want, wcs)
+            try:
+                with nogil:
+                    got = c.sc_cq_poll(self.ptr, want, wcs)
+            finally:
+                self.leave()
             if got < 0:
                 return None
             for i in range(got):
@@ -222,7 +264,7 @@ cdef class CQ:
                 out.append(WC(w.wr_id, _STATUS.get(w.status, w.status), _OPCODE.get(w.opcode, w.opcode),
                               w.qp_num, w.byte_len, w.imm_data, w.wc_flags, w.src_qp))
             num_entries -= got
-            if got < want or num_entries <= 0:
+            if got < want or num_entries <= 0 or not self.enter():
                 return out
 
     def req_notify(self, bint solicited_only):
@@ -230,9 +272,11 @@ cdef class CQ:
             c.sc_cq_req_notify(self.ptr, solicited_only)
 
     def close(self):
-        if not self.closed and not self.ctx.closed:
+        if self.closed:
+            return
+        self.quiesce()
+        if not self.ctx.closed:
             c.sc_cq_free(self.ptr)
-        self.closed = True
 
 
 cdef c.sc_sge *sge_array(list lists) except NULL:
@@ -250,38 +294,49 @@ cdef c.sc_sge *sge_array(list lists) except NULL:
     return cs
 
 
-cdef class QP:
+cdef class QP(Guarded):
     cdef c.sc_qp *ptr
     cdef Context ctx
-    cdef bint closed
+    cdef uint32_t qpn
 
     def __cinit__(self, PD pd, CQ send_cq, CQ recv_cq, tuple cap, bint sq_sig_all, int listen_fd,
                   uint32_t qpn, uint32_t local_ip):
         cdef c.sc_cap ccap
         ccap.max_send_wr, ccap.max_recv_wr, ccap.max_send_sge, ccap.max_recv_sge, ccap.max_inline_data = cap
         self.ctx = pd.ctx
+        self.qpn = qpn
         self.ptr = c.sc_qp_new(pd.ptr, send_cq.ptr, recv_cq.ptr, &ccap, sq_sig_all, listen_fd, qpn, local_ip)
         if self.ptr is NULL:
             raise MemoryError()
 
     @property
     def state(self):
-        return c.sc_qp_state(self.ptr)
+        return int(ibv_qp_state.IBV_QPS_ERR) if self.closed else c.sc_qp_state(self.ptr)
+
+    cdef int refuse_if_closed(self) except -1:
+        if self.closed:
+            raise VerbsRDMAError(f"QP {self.qpn}: the QP is closed")
+        return 0
 
     def to_init(self, uint32_t access):
+        self.refuse_if_closed()
         c.sc_qp_to_init(self.ptr, access)
 
     def to_rtr(self, uint32_t remote_ip, uint32_t remote_qpn, uint32_t rq_psn, int min_rnr_timer,
                int connect_fd, bint accept):
+        self.refuse_if_closed()
         c.sc_qp_to_rtr(self.ptr, remote_ip, remote_qpn, rq_psn, min_rnr_timer, connect_fd, accept)
 
     def to_rts(self, uint64_t ack_timeout_ns, uint64_t retry_period_ns, int rnr_retry, uint32_t sq_psn):
+        self.refuse_if_closed()
         c.sc_qp_to_rts(self.ptr, ack_timeout_ns, retry_period_ns, rnr_retry, sq_psn)
 
     def to_err(self):
+        self.refuse_if_closed()
         c.sc_qp_to_err(self.ptr)
 
     def reset(self):
+        self.refuse_if_closed()
         c.sc_qp_reset(self.ptr)
 
     def post_send(self, wrs):
@@ -307,8 +362,11 @@ cdef class QP:
                 cw[i].num_sge = len(lists[i])
                 cw[i].sg = &cs[k]
                 k += cw[i].num_sge
+            self.refuse_if_closed()
+            self.busy += 1
             with nogil:
                 err = c.sc_qp_post_send(self.ptr, cw, n, &posted)
+            self.leave()
         finally:
             free(cw)
             free(cs)
@@ -328,14 +386,19 @@ cdef class QP:
                 cw[i].num_sge = len(lists[i])
                 cw[i].sg = &cs[k]
                 k += cw[i].num_sge
+            self.refuse_if_closed()
+            self.busy += 1
             with nogil:
                 err = c.sc_qp_post_recv(self.ptr, cw, n, &posted)
+            self.leave()
         finally:
             free(cw)
             free(cs)
         return err, posted
 
     def close(self):
-        if not self.closed and not self.ctx.closed:
+        if self.closed:
+            return
+        self.quiesce()
+        if not self.ctx.closed:
             c.sc_qp_free(self.ptr)
-        self.closed = True
