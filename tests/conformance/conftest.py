@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import pytest
 from labs import running_lab
 
+from libshift.providers.tcp import ENV_ENGINE
 from libshift.verbs import CQ, MR, PD, QP, WC, CompChannel, Context, QPAttr, QPCap, QPInitAttr
 from libshift.verbs import enums as e
 from shiftlab.lab import Lab
@@ -100,23 +101,23 @@ class Fabric:
     devices: tuple[str, str]
     link: LabLink | HostLink | None  # None: links are not broken on this fabric (skip_reason says why)
     skip_reason: str = ""
+    engine: str | None = None  # the tcp provider's engine (SHIFT_TCP_ENGINE) the suite's Contexts open with
 
 
-def _tcp_fabric() -> Iterator[Fabric]:
+def _tcp_fabric(engine: str = "python") -> Iterator[Fabric]:
     """Two lab hosts (h0, h1) on one rail; the devices are their mlx5_0, each in its host's namespace."""
     with running_lab("vx", hosts=2, nics=1) as lab, pytest.MonkeyPatch.context() as env:
         netdev = lab.shape.netdev(0)
         env.setenv(
             "SHIFT_TCP_DEVICES", f"vx_a={netdev}@{lab.namespace('h0')},vx_b={netdev}@{lab.namespace('h1')}"
         )
-        yield Fabric(devices=("vx_a", "vx_b"), link=LabLink(lab))
+        yield Fabric(devices=("vx_a", "vx_b"), link=LabLink(lab), engine=engine)
 
 
 def _native_fabric() -> Iterator[Fabric]:
-    """The tcp fabric with the C core as the tcp provider's engine (SHIFT_TCP_ENGINE=native)."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("SHIFT_TCP_ENGINE", "native")
-        yield from _tcp_fabric()
+    """The tcp fabric with the C core as the tcp provider's engine (SHIFT_TCP_ENGINE=native for the
+    suite's Contexts only: the session's other tests keep the default engine)."""
+    yield from _tcp_fabric("native")
 
 
 def _verbs_fabric() -> Iterator[Fabric]:
@@ -159,7 +160,10 @@ def link(fabric: Fabric) -> Iterator[LabLink | HostLink]:
 
 @pytest.fixture(scope="session")
 def contexts(fabric: Fabric) -> Iterator[tuple[Context, Context]]:
-    a, b = Context(name=fabric.devices[0]), Context(name=fabric.devices[1])
+    with pytest.MonkeyPatch.context() as env:  # the engine is chosen as a Context opens
+        if fabric.engine is not None:
+            env.setenv(ENV_ENGINE, fabric.engine)
+        a, b = Context(name=fabric.devices[0]), Context(name=fabric.devices[1])
     yield a, b
     a.close()
     b.close()

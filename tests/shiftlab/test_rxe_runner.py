@@ -82,7 +82,9 @@ def runner(tmp_path, monkeypatch):
         monkeypatch.setattr(host, "qemu", lambda: fake_qemu(tmp_path, guest))
         out = io.BytesIO()
         try:
-            return vm.run(vm.Job(**{"argv": ["true"], **job}), out, progress.append), out.getvalue()
+            # cwd "/": the stand-in guest needs none, and the checkout may be under /tmp (the guest's own)
+            rc = vm.run(vm.Job(**{"argv": ["true"], "cwd": "/", **job}), out, progress.append)
+            return rc, out.getvalue()
         finally:
             assert list(shares.iterdir()) == []  # the work share is gone, however the run ended
 
@@ -127,6 +129,7 @@ def test_the_cli_turns_an_error_into_one_line_and_exit_125(monkeypatch, capsys):
     from shiftlab.rxe import __main__ as cli
 
     monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.chdir("/")  # the checkout may be under /tmp, which the runner refuses first
     monkeypatch.setattr(host, "ensure_packages", lambda install, log: Kernel("6.1.0-57-amd64", Path("/k")))
     assert cli.main(["run", "--", "true"]) == cli.RUNNER_FAILED
     err = capsys.readouterr().err
