@@ -41,7 +41,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminated)  # as ^C: the VM is powered off and its work share removed
     env = dict(item.split("=", 1) for item in args.env)
     job = Job(
         argv=args.argv,
@@ -54,11 +53,16 @@ def main(argv: list[str] | None = None) -> int:
         memory=args.memory,
         install=not args.no_install,
     )
+    # SIGTERM as ^C: the VM is powered off and its work share removed. Only for the run: a handler left
+    # behind would outlive main() in a caller's process (a test's), and in every child it forks.
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         return run(job)
     except RxeError as exc:
         stderr_log(f"error: {exc}")
         return RUNNER_FAILED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _terminated(signum: int, _frame: object) -> None:

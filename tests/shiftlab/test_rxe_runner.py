@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import textwrap
 from pathlib import Path
 
@@ -131,7 +132,11 @@ def test_the_cli_turns_an_error_into_one_line_and_exit_125(monkeypatch, capsys):
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.chdir("/")  # the checkout may be under /tmp, which the runner refuses first
     monkeypatch.setattr(host, "ensure_packages", lambda install, log: Kernel("6.1.0-57-amd64", Path("/k")))
+    before = signal.getsignal(signal.SIGTERM)
     assert cli.main(["run", "--", "true"]) == cli.RUNNER_FAILED
+    # the run's SIGTERM handler is gone with it: left in pytest's process, it made a SIGTERM to any child
+    # forked from it (pyroute2's namespace helpers) raise SystemExit there and run the rest of the suite
+    assert signal.getsignal(signal.SIGTERM) is before
     err = capsys.readouterr().err
     assert (
         err == f"shiftlab.rxe: error: no qemu: {host.QEMU} is not on PATH (Debian package qemu-system-x86)\n"
