@@ -318,6 +318,12 @@ cdef class QP(Guarded):
             raise VerbsRDMAError(f"QP {self.qpn}: the QP is closed")
         return 0
 
+    cdef int enter_or_refuse(self) except -1:
+        """Count a post in (Guarded.enter), or refuse it: the QP is closed."""
+        if not self.enter():
+            raise VerbsRDMAError(f"QP {self.qpn}: the QP is closed")
+        return 0
+
     def to_init(self, uint32_t access):
         self.refuse_if_closed()
         c.sc_qp_to_init(self.ptr, access)
@@ -362,8 +368,7 @@ cdef class QP(Guarded):
                 cw[i].num_sge = len(lists[i])
                 cw[i].sg = &cs[k]
                 k += cw[i].num_sge
-            self.refuse_if_closed()
-            self.busy += 1
+            self.enter_or_refuse()
             with nogil:
                 err = c.sc_qp_post_send(self.ptr, cw, n, &posted)
             self.leave()
@@ -386,8 +391,7 @@ cdef class QP(Guarded):
                 cw[i].num_sge = len(lists[i])
                 cw[i].sg = &cs[k]
                 k += cw[i].num_sge
-            self.refuse_if_closed()
-            self.busy += 1
+            self.enter_or_refuse()
             with nogil:
                 err = c.sc_qp_post_recv(self.ptr, cw, n, &posted)
             self.leave()
