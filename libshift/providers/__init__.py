@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from libshift.vocabulary.attrs import Endpoint, QPAttr, QPCap
+from libshift.vocabulary.attrs import DeviceAttr, Endpoint, PortAttr, QPAttr, QPCap
 from libshift.vocabulary.enums import ibv_qp_state
 from libshift.vocabulary.wr import WC, RecvWR, SendWR
 
@@ -128,6 +128,13 @@ class ProviderContext(ABC):
 
     @abstractmethod
     def gid(self) -> str: ...
+
+    @abstractmethod
+    def query_device(self) -> DeviceAttr: ...
+
+    @abstractmethod
+    def query_port(self) -> PortAttr:
+        """The port the device's QPs use (tcp: its netdev, ACTIVE while up and running)."""
 
     @abstractmethod
     def alloc_pd(self) -> ProviderPD: ...

@@ -48,6 +48,12 @@ def _tell_once(message: str) -> None:
         log.warning("%s", message)
 
 
+def control_cqe(device: Context) -> int:
+    """The size of a backup path's control CQ: CONTROL_CQE, or less where the device allows less (rxe's
+    max_cqe is 32767)."""
+    return min(CONTROL_CQE, device.query_device().max_cqe)
+
+
 class ShiftContext:
     """A device opened with failover: `ShiftContext(name="mlx5_0")`."""
 
@@ -107,7 +113,7 @@ class ShiftContext:
             self.backups.append(path)
             self.path_of[ctx.name] = path
             self.lkeys[path] = {}
-            control_cqs[path] = CQ(ctx, CONTROL_CQE, channel=self.watch(path))
+            control_cqs[path] = CQ(ctx, control_cqe(ctx), channel=self.watch(path))
         self.control_cqs = control_cqs  # whole: the watchers started above read it
         self.keys = RemoteKeys(self.agent, len(self.backups))
         self.agent.add_listener(self._on_nic)

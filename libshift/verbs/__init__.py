@@ -7,9 +7,10 @@ and, standing on it, the objects and device lookup. Code above this floor import
 from libshift.device import get_device_list
 from libshift.verbs.objects import CQ, MR, PD, QP, Buffer, CompChannel, Context, QPInitAttr
 from libshift.vocabulary import enums
-from libshift.vocabulary.attrs import Endpoint, QPAttr, QPCap, ack_deadline
+from libshift.vocabulary.attrs import DeviceAttr, Endpoint, PortAttr, QPAttr, QPCap, ack_deadline
 from libshift.vocabulary.enums import (
     ibv_access_flags,
+    ibv_port_state,
     ibv_qp_state,
     ibv_qp_type,
     ibv_send_flags,
@@ -38,7 +39,9 @@ __all__ = [
     "CQOverflowError",
     "CompChannel",
     "Context",
+    "DeviceAttr",
     "Endpoint",
+    "PortAttr",
     "PyverbsError",
     "PyverbsRDMAError",
     "QPAttr",
@@ -52,6 +55,7 @@ __all__ = [
     "enums",
     "get_device_list",
     "ibv_access_flags",
+    "ibv_port_state",
     "ibv_qp_state",
     "ibv_qp_type",
     "ibv_send_flags",

@@ -14,7 +14,7 @@ from typing import Any, Self
 
 from libshift.device import find_device
 from libshift.providers import DeviceInfo, ProviderContext, ProviderCQ
-from libshift.vocabulary.attrs import Endpoint, QPAttr, QPCap
+from libshift.vocabulary.attrs import DeviceAttr, Endpoint, PortAttr, QPAttr, QPCap
 from libshift.vocabulary.enums import ibv_qp_state, ibv_qp_type
 from libshift.vocabulary.errors import VerbsError, VerbsRDMAError
 from libshift.vocabulary.wr import WC, RecvWR, SendWR
@@ -49,6 +49,14 @@ class Context(_Closable):
     def query_gid(self, port_num: int = 1, index: int = 0) -> str:
         """The device's GID (tcp: the IPv4-mapped IPv6 form of the netdev's address)."""
         return self.impl.gid()
+
+    def query_device(self) -> DeviceAttr:
+        """The device's limits (max_cqe, max_sge, max_qp_wr): what queues may be sized to."""
+        return self.impl.query_device()
+
+    def query_port(self, port_num: int = 1) -> PortAttr:
+        """The state of the port the device's QPs use (one port per device here, whatever `port_num`)."""
+        return self.impl.query_port()
 
     def close(self) -> None:
         self.impl.close()

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from libshift.vocabulary.enums import ibv_qp_state
+from libshift.vocabulary.enums import ibv_port_state, ibv_qp_state
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,23 @@ class QPCap:
     max_send_sge: int = 16
     max_recv_sge: int = 16
     max_inline_data: int = 256
+
+
+@dataclass(frozen=True)
+class DeviceAttr:
+    """A device's limits, as ibv_query_device answers them: the part that sizes queues (rxe: 32767 CQEs,
+    32 SGEs; mlx5: about 4M CQEs, 30 SGEs)."""
+
+    max_cqe: int
+    max_sge: int
+    max_qp_wr: int
+
+
+@dataclass(frozen=True)
+class PortAttr:
+    """A port's attributes, as ibv_query_port answers them: its state (ACTIVE while it carries traffic)."""
+
+    state: ibv_port_state
 
 
 def retry_period(timeout: int) -> float | None:

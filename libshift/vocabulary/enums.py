@@ -84,6 +84,15 @@ class ibv_qp_type(IntEnum):
     IBV_QPT_RC = 2
 
 
+class ibv_port_state(IntEnum):
+    IBV_PORT_NOP = 0
+    IBV_PORT_DOWN = 1
+    IBV_PORT_INIT = 2
+    IBV_PORT_ARMED = 3
+    IBV_PORT_ACTIVE = 4
+    IBV_PORT_ACTIVE_DEFER = 5
+
+
 # Module-level names, as pyverbs.enums offers them (`e.IBV_WR_SEND`).
 globals().update(
     {
@@ -97,6 +106,7 @@ globals().update(
             ibv_access_flags,
             ibv_qp_state,
             ibv_qp_type,
+            ibv_port_state,
         )
         for member in enum
     }

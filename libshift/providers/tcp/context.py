@@ -15,12 +15,19 @@ from libshift.providers import DeviceInfo, ProviderContext
 from libshift.providers.tcp.cq import TcpChannel, TcpCQ
 from libshift.providers.tcp.engine import Engine
 from libshift.providers.tcp.memory import TcpPD, random_key
+from libshift.vocabulary.attrs import DeviceAttr, PortAttr
+from libshift.vocabulary.enums import ibv_port_state
 from libshift.vocabulary.errors import VerbsError
 
 if TYPE_CHECKING:
     from libshift.providers.tcp.qp import TcpQP
 
 SIOCGIFADDR = 0x8915
+SIOCGIFFLAGS = 0x8913
+IFF_UP, IFF_RUNNING = 0x1, 0x40
+# Both engines take any size memory allows; they answer as a large RNIC would, so that code sized by them
+# fits one (64 SGEs: the most the conformance suite gathers).
+LIMITS = DeviceAttr(max_cqe=(1 << 22) - 1, max_sge=64, max_qp_wr=1 << 15)
 
 
 @contextmanager
@@ -44,6 +51,18 @@ def netdev_ipv4(netdev: str, netns: str | None) -> str:
                 f"netdev {netdev!r}{where} has no usable IPv4 address ({exc.strerror})"
             ) from None
     return socket.inet_ntoa(reply[20:24])
+
+
+def netdev_port(netdev: str, netns: str | None) -> PortAttr:
+    """The netdev as a port: ACTIVE while it is up with its carrier (IFF_UP and IFF_RUNNING), else DOWN."""
+    with device_netns(netns), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            reply = fcntl.ioctl(probe.fileno(), SIOCGIFFLAGS, struct.pack("256s", netdev.encode()[:15]))
+        except OSError:
+            return PortAttr(ibv_port_state.IBV_PORT_DOWN)  # gone: no port either
+    flags = struct.unpack_from("H", reply, 16)[0]
+    up = flags & IFF_UP and flags & IFF_RUNNING
+    return PortAttr(ibv_port_state.IBV_PORT_ACTIVE if up else ibv_port_state.IBV_PORT_DOWN)
 
 
 def device_socket(device: DeviceInfo, address: str) -> socket.socket:
@@ -72,6 +91,12 @@ class TcpContext(ProviderContext):
 
     def gid(self) -> str:
         return gid_of_ipv4(self.address)
+
+    def query_device(self) -> DeviceAttr:
+        return LIMITS
+
+    def query_port(self) -> PortAttr:
+        return netdev_port(self.device.netdev, self.device.netns)
 
     def new_socket(self) -> socket.socket:
         return device_socket(self.device, self.address)

@@ -26,9 +26,17 @@ from libshift.providers import (
     ProviderPD,
     ProviderQP,
 )
-from libshift.providers.tcp.context import device_socket, netdev_ipv4
+from libshift.providers.tcp.context import LIMITS, device_socket, netdev_ipv4, netdev_port
 from libshift.providers.tcp.qprules import TRANSITIONS, check_attr, rtr_peer, tcp_endpoint
-from libshift.vocabulary.attrs import Endpoint, QPAttr, QPCap, ack_deadline, retry_period
+from libshift.vocabulary.attrs import (
+    DeviceAttr,
+    Endpoint,
+    PortAttr,
+    QPAttr,
+    QPCap,
+    ack_deadline,
+    retry_period,
+)
 from libshift.vocabulary.enums import ibv_qp_state
 from libshift.vocabulary.errors import CQOverflowError, VerbsRDMAError
 from libshift.vocabulary.wr import WC, RecvWR, SendWR
@@ -53,6 +61,12 @@ class NativeContext(ProviderContext):
 
     def gid(self) -> str:
         return gid_of_ipv4(self.address)
+
+    def query_device(self) -> DeviceAttr:
+        return LIMITS
+
+    def query_port(self) -> PortAttr:
+        return netdev_port(self.device.netdev, self.device.netns)
 
     def new_socket(self) -> socket.socket:
         return device_socket(self.device, self.address)

@@ -23,12 +23,12 @@ from libshift.providers.verbs.events import AsyncEvent, EventType, Listener, Lis
 from libshift.providers.verbs.gid import choose_gid, read_gid_table
 from libshift.providers.verbs.memory import VerbsPD
 from libshift.providers.verbs.qp import VerbsQP
-from libshift.vocabulary.enums import ibv_qp_state, ibv_wc_opcode
+from libshift.vocabulary.attrs import DeviceAttr, PortAttr
+from libshift.vocabulary.enums import ibv_port_state, ibv_qp_state, ibv_wc_opcode
 from libshift.vocabulary.errors import VerbsError
 from libshift.vocabulary.wr import WC
 
 log = logging.getLogger("libshift.providers.verbs")
-PORT_ACTIVE = 4  # enum ibv_port_state
 
 
 class VerbsContext(ProviderContext):
@@ -63,7 +63,7 @@ class VerbsContext(ProviderContext):
             count = self.context.query_device().phys_port_cnt
         for num in range(1, count + 1):
             with mapped(f"{self.device.name}: query_port {num}"):
-                if self.context.query_port(num).state == PORT_ACTIVE:
+                if self.context.query_port(num).state == ibv_port_state.IBV_PORT_ACTIVE:
                     return num
         return 1
 
@@ -99,6 +99,16 @@ class VerbsContext(ProviderContext):
     def gid(self) -> str:
         with self._lock:
             return self._gid
+
+    def query_device(self) -> DeviceAttr:
+        with mapped(f"{self.device.name}: query_device"):
+            attr = self.context.query_device()
+        return DeviceAttr(max_cqe=attr.max_cqe, max_sge=attr.max_sge, max_qp_wr=attr.max_qp_wr)
+
+    def query_port(self) -> PortAttr:
+        num = self.port().num
+        with mapped(f"{self.device.name}: query_port {num}"):
+            return PortAttr(ibv_port_state(self.context.query_port(num).state))
 
     # -- async events -------------------------------------------------------------------------------------
 
