@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from libshift.agent import Agent
 from libshift.notices import NicChange, NicState, SwitchReport
 from libshift.shift import steps
+from libshift.shift.detect import device_usable
 from libshift.shift.inline import InlinePool
 from libshift.shift.keys import RemoteKeys
 from libshift.shift.paths import PATHS, PRIMARY
@@ -304,6 +305,12 @@ class ShiftContext:
         """Whether shiftd says the device of `path` is UP."""
         state = self.agent.nic_state(self.devices[path].name) if self.agent is not None else None
         return state is NicState.UP
+
+    def usable(self, path: str) -> bool:
+        """Whether the device of `path` can carry traffic: its port is ACTIVE and shiftd has not said DOWN."""
+        device = self.devices[path]
+        nic = self.agent.nic_state(device.name) if self.agent is not None else NicState.UNKNOWN
+        return device_usable(device, nic)
 
     def report(self, report: SwitchReport) -> None:
         """Tell shiftd off the data path: the agent queues it (never blocking, under the context lock) and

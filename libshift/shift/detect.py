@@ -9,15 +9,36 @@ path keeps the application's setting, so a QP with no path left fails exactly wh
 
 `SHIFT_DETECT_TIMEOUT` and `SHIFT_DETECT_RETRY_CNT` set it in the verbs' own terms (as NCCL_IB_TIMEOUT and
 NCCL_IB_RETRY_CNT do): 4.096 us x 2**timeout per try, retry_cnt + 1 tries.
+
+An error completion is the transport's (a failover) or the application's (it surfaces): `transport_failed`
+tells them apart, with the device's state for the one status that can be either.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
+from libshift.notices import NicState
 from libshift.shift.settings import env_int
-from libshift.verbs import QPAttr, ack_deadline
+from libshift.verbs import Context, QPAttr, VerbsError, ack_deadline, ibv_port_state, ibv_wc_status
+
+ST = ibv_wc_status
+TRANSPORT_ERRORS = frozenset(
+    {
+        ST.IBV_WC_RETRY_EXC_ERR,
+        ST.IBV_WC_WR_FLUSH_ERR,
+        ST.IBV_WC_FATAL_ERR,
+        ST.IBV_WC_GENERAL_ERR,
+        ST.IBV_WC_RESP_TIMEOUT_ERR,
+        ST.IBV_WC_REM_ABORT_ERR,
+        ST.IBV_WC_BAD_RESP_ERR,
+    }
+)
+# rxe's answer both when its netdev goes down and to a bad lkey or a short receive (the application's bug,
+# which must not fail over): the transport's only while the device is not usable
+EITHER = ST.IBV_WC_LOC_QP_OP_ERR
 
 TIMEOUT = 12  # 16.8 ms per try ...
 RETRY_CNT = 3  # ... 4 tries: 67 ms from the last ack to the move
@@ -36,3 +57,19 @@ def default_path_attr(attr: QPAttr) -> QPAttr:
     if _deadline(attr.timeout, attr.retry_cnt) <= _deadline(timeout, retry_cnt):
         return attr
     return dataclasses.replace(attr, timeout=timeout, retry_cnt=retry_cnt)
+
+
+def transport_failed(status: ibv_wc_status, usable: Callable[[], bool]) -> bool:
+    """Whether an error completion is the transport failing (move the QP) rather than the application's
+    error (surface it); `usable` says whether the completion's device still works, asked only if need be."""
+    return status in TRANSPORT_ERRORS or (status == EITHER and not usable())
+
+
+def device_usable(device: Context, nic: NicState) -> bool:
+    """Whether `device` can carry traffic: shiftd has not said DOWN, and its port is ACTIVE."""
+    if nic is NicState.DOWN:
+        return False
+    try:
+        return device.query_port().state == ibv_port_state.IBV_PORT_ACTIVE
+    except VerbsError:
+        return False  # a device that cannot be asked is of no use either

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from libshift.agent import AgentError
 from libshift.shift import notify
 from libshift.shift.cq import ShiftCQ
-from libshift.shift.detect import default_path_attr
+from libshift.shift.detect import default_path_attr, transport_failed
 from libshift.shift.memory import ShiftPD
 from libshift.shift.paths import BACKUP, PRIMARY, depth
 from libshift.shift.rearm import Rearm
@@ -50,17 +50,6 @@ SIGNALED = int(FLAGS.IBV_SEND_SIGNALED)
 PEER_WAIT = 10.0  # how long connect waits for the peer's backup to be published
 CONTROL_ACCESS = ACCESS.IBV_ACCESS_LOCAL_WRITE | ACCESS.IBV_ACCESS_REMOTE_WRITE
 ST = enums.ibv_wc_status
-TRANSPORT_ERRORS = frozenset(
-    {
-        ST.IBV_WC_RETRY_EXC_ERR,
-        ST.IBV_WC_WR_FLUSH_ERR,
-        ST.IBV_WC_FATAL_ERR,
-        ST.IBV_WC_GENERAL_ERR,
-        ST.IBV_WC_RESP_TIMEOUT_ERR,
-        ST.IBV_WC_REM_ABORT_ERR,
-        ST.IBV_WC_BAD_RESP_ERR,
-    }
-)
 
 
 class ShiftQP:
@@ -307,7 +296,10 @@ class ShiftQP:
         if ok:
             if not entry.is_send:
                 self.ledger.received += 1
-        elif wc.status in TRANSPORT_ERRORS and (to := self.switcher.escape()) is not None:
+        elif (
+            transport_failed(wc.status, lambda: self.ctx.usable(path))
+            and (to := self.switcher.escape()) is not None
+        ):
             entry.failed_with = wc.status
             self.switcher.switch_to(to, "error_completion")
             return

@@ -1,11 +1,23 @@
-"""The default path's detection deadline: short unless the application's is shorter; set in verbs terms."""
+"""The default path's detection deadline: short unless the application's is shorter; set in verbs terms. And
+which error completions are the transport failing (a failover) rather than the application's error."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import pytest
 
-from libshift.shift.detect import RETRY_CNT, TIMEOUT, default_path_attr
-from libshift.verbs import QPAttr, VerbsError, ack_deadline
+from libshift.notices import NicState
+from libshift.shift.detect import (
+    RETRY_CNT,
+    TIMEOUT,
+    TRANSPORT_ERRORS,
+    default_path_attr,
+    device_usable,
+    transport_failed,
+)
+from libshift.verbs import PortAttr, QPAttr, VerbsError, ack_deadline, ibv_port_state, ibv_wc_status
 
 
 def test_the_verbs_default_deadline_becomes_the_detection_deadline() -> None:
@@ -38,3 +50,72 @@ def test_a_bad_setting_is_one_clear_error(monkeypatch: pytest.MonkeyPatch, name:
     monkeypatch.setenv(name, value)
     with pytest.raises(VerbsError, match=f"{name} must be an integer from .* not '{value}'"):
         default_path_attr(QPAttr())
+
+
+# -- which error completions are the transport's -------------------------------------------------------------
+
+
+@dataclass
+class FakeDevice:
+    """A device whose port state the test sets; None: its port cannot be queried (a device that is gone)."""
+
+    state: ibv_port_state | None = ibv_port_state.IBV_PORT_ACTIVE
+
+    def query_port(self, port_num: int = 1) -> PortAttr:
+        if self.state is None:
+            raise VerbsError("mlx5_0: query_port 1 failed: No such device")
+        return PortAttr(self.state)
+
+
+def asks(answer: bool) -> tuple[Callable[[], bool], list[bool]]:
+    """A `usable` that answers `answer` and records that it was asked."""
+    asked: list[bool] = []
+
+    def usable() -> bool:
+        asked.append(True)
+        return answer
+
+    return usable, asked
+
+
+@pytest.mark.parametrize("status", sorted(TRANSPORT_ERRORS))
+def test_the_transport_statuses_fail_over_whatever_the_device_says(status: ibv_wc_status) -> None:
+    usable, asked = asks(True)
+    assert transport_failed(status, usable)
+    assert not asked  # the device's state is asked only when the status alone does not tell
+
+
+def test_a_local_qp_operation_error_fails_over_only_on_a_device_that_is_not_usable() -> None:
+    """rxe answers LOC_QP_OP_ERR when its netdev goes down, and also to a bad lkey or a short receive."""
+    assert transport_failed(ibv_wc_status.IBV_WC_LOC_QP_OP_ERR, asks(False)[0])
+    assert not transport_failed(ibv_wc_status.IBV_WC_LOC_QP_OP_ERR, asks(True)[0])
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        ibv_wc_status.IBV_WC_LOC_PROT_ERR,
+        ibv_wc_status.IBV_WC_LOC_LEN_ERR,
+        ibv_wc_status.IBV_WC_REM_ACCESS_ERR,
+    ],
+)
+def test_the_applications_errors_never_fail_over(status: ibv_wc_status) -> None:
+    assert not transport_failed(status, asks(False)[0])
+
+
+@pytest.mark.parametrize(
+    ("state", "nic", "usable"),
+    [
+        (ibv_port_state.IBV_PORT_ACTIVE, NicState.UNKNOWN, True),  # no shiftd: the port alone tells
+        (ibv_port_state.IBV_PORT_ACTIVE, NicState.UP, True),
+        (ibv_port_state.IBV_PORT_ACTIVE, NicState.DOWN, False),  # shiftd knows before the port says
+        (ibv_port_state.IBV_PORT_DOWN, NicState.UNKNOWN, False),
+        (ibv_port_state.IBV_PORT_DOWN, NicState.UP, False),  # the port's word is newer than shiftd's
+        (ibv_port_state.IBV_PORT_INIT, NicState.UNKNOWN, False),
+        (None, NicState.UNKNOWN, False),  # a device that cannot be queried is of no use
+    ],
+)
+def test_a_device_is_usable_while_its_port_is_active_and_shiftd_has_not_said_down(
+    state: ibv_port_state | None, nic: NicState, usable: bool
+) -> None:
+    assert device_usable(FakeDevice(state), nic) is usable  # type: ignore[arg-type]
