@@ -151,6 +151,29 @@ def test_device_list_and_unknown_device(fabric):
     assert "\n" not in str(info.value)
 
 
+def test_the_device_states_its_limits(contexts, max_sge):
+    for ctx in contexts:
+        attr = ctx.query_device()
+        assert attr.max_cqe >= 1024 and attr.max_qp_wr >= 1024 and attr.max_sge >= max_sge >= 1
+
+
+def wait_port(ctx: Context, state: e.ibv_port_state, timeout: float) -> e.ibv_port_state:
+    deadline = time.monotonic() + timeout
+    while ctx.query_port().state != state and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return ctx.query_port().state
+
+
+def test_the_port_goes_down_with_its_link_and_comes_back(contexts, link):
+    """What the failover layer asks when a status may be the application's or the link's (LOC_QP_OP_ERR)."""
+    ctx = contexts[0]
+    assert ctx.query_port().state == e.IBV_PORT_ACTIVE
+    link.down()
+    assert wait_port(ctx, e.IBV_PORT_DOWN, 10) == e.IBV_PORT_DOWN
+    link.restore()
+    assert wait_port(ctx, e.IBV_PORT_ACTIVE, 30) == e.IBV_PORT_ACTIVE
+
+
 def test_endpoint_round_trips_through_json(pair):
     ep = pair.a.qp.endpoint()
     assert Endpoint.from_json(ep.to_json()) == ep
