@@ -81,13 +81,12 @@ def device_socket(device: DeviceInfo, address: str) -> socket.socket:
     return sock
 
 
-class TcpContext(ProviderContext):
+class TcpDevice(ProviderContext):
+    """What both engines' contexts answer alike: the device is its netdev, its address and its state."""
+
     def __init__(self, device: DeviceInfo) -> None:
         self.device = device
         self.address = netdev_ipv4(device.netdev, device.netns)
-        self.engine = Engine(device.name)
-        self.qps: set[TcpQP] = set()
-        self._keys: set[int] = set()
 
     def gid(self) -> str:
         return gid_of_ipv4(self.address)
@@ -100,6 +99,14 @@ class TcpContext(ProviderContext):
 
     def new_socket(self) -> socket.socket:
         return device_socket(self.device, self.address)
+
+
+class TcpContext(TcpDevice):
+    def __init__(self, device: DeviceInfo) -> None:
+        super().__init__(device)
+        self.engine = Engine(device.name)
+        self.qps: set[TcpQP] = set()
+        self._keys: set[int] = set()
 
     def new_key(self) -> int:
         key = random_key(self._keys)

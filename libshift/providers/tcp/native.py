@@ -12,26 +12,21 @@ import errno
 import ipaddress
 import mmap
 import secrets
-import socket
 from collections.abc import Sequence
 
 from libshift.core import _core
-from libshift.gid import gid_of_ipv4
 from libshift.providers import (
     DeviceInfo,
     ProviderChannel,
-    ProviderContext,
     ProviderCQ,
     ProviderMR,
     ProviderPD,
     ProviderQP,
 )
-from libshift.providers.tcp.context import LIMITS, device_socket, netdev_ipv4, netdev_port
+from libshift.providers.tcp.context import TcpDevice
 from libshift.providers.tcp.qprules import TRANSITIONS, check_attr, rtr_peer, tcp_endpoint
 from libshift.vocabulary.attrs import (
-    DeviceAttr,
     Endpoint,
-    PortAttr,
     QPAttr,
     QPCap,
     ack_deadline,
@@ -52,24 +47,11 @@ def _ip(address: str) -> int:
     return int(ipaddress.IPv4Address(address))
 
 
-class NativeContext(ProviderContext):
+class NativeContext(TcpDevice):
     def __init__(self, device: DeviceInfo) -> None:
-        self.device = device
-        self.address = netdev_ipv4(device.netdev, device.netns)
+        super().__init__(device)
         self.core = _core.Context()
         self.cqs: dict[int, NativeCQ] = {}  # by cookie, for the channel's events
-
-    def gid(self) -> str:
-        return gid_of_ipv4(self.address)
-
-    def query_device(self) -> DeviceAttr:
-        return LIMITS
-
-    def query_port(self) -> PortAttr:
-        return netdev_port(self.device.netdev, self.device.netns)
-
-    def new_socket(self) -> socket.socket:
-        return device_socket(self.device, self.address)
 
     def alloc_pd(self) -> NativePD:
         return NativePD(self)
