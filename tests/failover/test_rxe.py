@@ -51,9 +51,9 @@ def agent(tmp_path: Path) -> Iterator[Agent]:
             f"needs the rxe devices of make test-rxe's VM (shiftlab.rxe); verbs has {sorted(present)}"
         )
     etcd = EtcdProcess(data_dir=tmp_path / "etcd", log_path=tmp_path / "etcd.log")
-    etcd.start()
     daemon = DaemonProcess(tmp_path / "shiftd", sections={"etcd": {"endpoints": [etcd.endpoint]}})
     try:
+        etcd.start(wait=120)  # under TCG a start takes seconds
         daemon.start(timeout=120)
         found = Agent.connect(socket=daemon.socket)
         assert found is not None
@@ -62,6 +62,7 @@ def agent(tmp_path: Path) -> Iterator[Agent]:
     finally:
         daemon.stop()
         etcd.kill()
+        print(daemon.log()[-4000:])  # shown by pytest when the test failed
 
 
 @pytest.fixture
