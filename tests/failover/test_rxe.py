@@ -101,12 +101,11 @@ def test_a_send_stream_survives_the_link_going_down(
     monkeypatch.setattr("libshift.shift.context.backup_devices", lambda default, *_: BACKUP_OF[default])
     sender, receiver = Side(SENDER, agent), Side(RECEIVER, agent)
     try:
+        sender.qp.connect(receiver.qp.endpoint(), QPAttr(qp_access_flags=ACCESS))
+        receiver.qp.connect(sender.qp.endpoint(), QPAttr(qp_access_flags=ACCESS))
         for seq in range(COUNT):
             sender.mr.write(message(seq), offset=seq * SIZE)
             receiver.qp.post_recv(RecvWR(wr_id=seq, sg=[receiver.sge(seq)]))
-        attr = QPAttr(qp_access_flags=ACCESS)
-        sender.qp.connect(receiver.qp.endpoint(), attr)
-        receiver.qp.connect(sender.qp.endpoint(), QPAttr(qp_access_flags=ACCESS))
         sent = done = 0
         received: list[int] = []
         failed: list[str] = []
