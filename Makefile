@@ -28,7 +28,8 @@ test-unit: $(STAMP)
 	$(PY) -m pytest -q -m "not lab"
 
 # The verbs provider on real verbs: its tests, the conformance suite (one side on rxe0, the other on
-# rxe1, link faults on) and a failover stream with etcd and shiftd in the guest (test_rxe.py, ~160 s) in a VM with Soft-RoCE devices (shiftlab/rxe). About 10 minutes under TCG, where
+# rxe1, link faults on) and a failover stream with etcd and shiftd in the guest (test_rxe.py, ~160 s), in
+# a VM with Soft-RoCE devices (shiftlab/rxe). About 10 minutes under TCG, where
 # every test runs about ten times slower: 600 s a test (the 1 GiB transfer alone takes 160-210 s there).
 RXE_ENV := -e SHIFT_TEST_PROVIDER=verbs -e SHIFT_TEST_VERBS_DEVICES=rxe0,rxe1 -e SHIFT_TEST_VERBS_BREAK_LINK=1
 RXE_TESTS := tests/providers/test_verbs_provider.py tests/conformance tests/failover/test_rxe.py
