@@ -1,4 +1,9 @@
-"""Fixtures shared by every test module: real etcd members (etcd_fixtures.py) and a daemon using one."""
+"""Fixtures shared by every test module: real etcd members (etcd_fixtures.py) and a daemon using one; the
+`soft_roce` marker's rule."""
+
+import subprocess
+from functools import cache
+from pathlib import Path
 
 import pytest
 from daemon_harness import DaemonProcess
@@ -20,3 +25,24 @@ def etcd_daemon(tmp_path, etcd):
     daemon.start()
     yield daemon
     daemon.stop()
+
+
+@cache
+def soft_roce_loadable() -> bool:
+    """The running kernel has rdma_rxe, loaded or as a module it can load (not this project's host kernel,
+    which has no RDMA support; Debian's stock kernel in shiftlab.rxe's VM has it)."""
+    if Path("/sys/module/rdma_rxe").exists():
+        return True
+    probe = subprocess.run(["modprobe", "--dry-run", "--quiet", "rdma_rxe"], capture_output=True)
+    return probe.returncode == 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked `soft_roce` is left out (deselected, not skipped) where the kernel has no rdma_rxe:
+    `make test-rxe` runs it in a VM whose kernel has."""
+    if soft_roce_loadable():
+        return
+    left_out = [item for item in items if item.get_closest_marker("soft_roce")]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not item.get_closest_marker("soft_roce")]

@@ -30,7 +30,7 @@ from libshift.verbs import SGE, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR, get_d
 from libshift.verbs import enums as e
 from shiftlab.etcdproc import EtcdProcess
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.lab, pytest.mark.soft_roce, pytest.mark.timeout(600)]
 
 SENDER, RECEIVER = "rxe0", "rxe1"
 BACKUP_OF = {SENDER: ["rxe2"], RECEIVER: ["rxe3"]}
