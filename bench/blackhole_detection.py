@@ -2,7 +2,7 @@
 
 h0 streams SEND to h1 over one shift QP on a 2x2 lab. Each trial makes rail 0's switch drop everything
 towards h1 (a root "blackhole" qdisc on its port; links and carrier stay up, so no shiftd sees anything) and
-times, on CLOCK_MONOTONIC, from t0 (just before the netlink RTM_NEWQDISC is sent) to the sender's first
+times, on CLOCK_MONOTONIC, from t0 (the kernel's ack of the netlink RTM_NEWQDISC) to the sender's first
 successful completion of a WR posted after t0. The only detection is the ack deadline of the sender's
 default path (4.096 us x 2^timeout x (retry_cnt + 1), then RETRY_EXC_ERR): libshift's detection deadline
 there (libshift/shift/detect.py), or the application's QP setting if that is shorter. Each application

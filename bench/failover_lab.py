@@ -174,14 +174,16 @@ def _qdisc_request(index: int, add: bool) -> bytes:
 
 def blackhole(lab: Lab, towards: str, on: bool, rail: int = 0) -> int:
     """Rail `rail`'s switch drops (on) or forwards again (off) everything towards `towards`; links stay up,
-    so no shiftd sees anything: the gray failure only an ack deadline reveals."""
+    so no shiftd sees anything: the gray failure only an ack deadline reveals. Returns the CLOCK_MONOTONIC
+    time of the kernel's ack: the qdisc is in place by then (stamped before the request, a sample could
+    count traffic that passed while a loaded machine's rtnl lock held the request back)."""
 
     def inside() -> int:
         request = _qdisc_request(socket.if_nametoindex(towards), on)
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
-            started = time.monotonic_ns()
             sock.send(request)
             ack = sock.recv(4096)
+            started = time.monotonic_ns()
         (error,) = struct.unpack_from("=i", ack, 16)
         if error:
             raise OSError(
