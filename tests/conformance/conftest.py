@@ -10,8 +10,9 @@ native engine (the C core, SHIFT_TCP_ENGINE=native).
 SHIFT_TEST_PROVIDER=verbs runs the suite on this host's RNICs: both sides on the first device (QPs of one
 RNIC reach each other through it), or on the two named in SHIFT_TEST_VERBS_DEVICES=mlx5_0,mlx5_1 (which
 must share a fabric). Without a device every test is skipped with the reason. Link faults take the first
-device's netdev down, so they run only with SHIFT_TEST_VERBS_BREAK_LINK=1; a black hole cannot be made
-with tc on an RNIC (RDMA bypasses the kernel's stack), so those cases are skipped.
+device's netdev down, so they run only with SHIFT_TEST_VERBS_BREAK_LINK=1; a black hole is tc's on a
+software device's netdev (Soft-RoCE sends through the kernel's stack) and cannot be made with tc on an RNIC
+(RDMA bypasses the kernel's stack), where those cases are skipped.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from labs import running_lab
@@ -32,6 +34,7 @@ from shiftlab.lab import Lab
 
 PROVIDERS = os.environ.get("SHIFT_TEST_PROVIDER", "tcp,native").split(",")
 ALL_ACCESS = e.ALL_ACCESS
+SYSFS_IB = Path("/sys/class/infiniband")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -75,25 +78,30 @@ class LabLink:
 
 
 class HostLink:
-    """A real RNIC's link on this host, taken down and up with ip(8)."""
+    """A verbs device's link on this host, taken down and up with ip(8). A software device (rxe, siw: no
+    PCI device under its sysfs entry) sends through the kernel's stack, so tc's blackhole qdisc on its
+    netdev drops its packets as a dead switch port would; an RNIC's traffic bypasses tc."""
 
-    def __init__(self, netdev: str) -> None:
+    def __init__(self, device: str, netdev: str) -> None:
         self._netdev = netdev
+        self._software = not (SYSFS_IB / device / "device").exists()
 
-    def _ip(self, state: str) -> None:
-        result = subprocess.run(
-            ["ip", "link", "set", "dev", self._netdev, state], capture_output=True, text=True, timeout=30
-        )
+    def _run(self, *argv: str) -> None:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         assert result.returncode == 0, result.stderr
 
     def down(self) -> None:
-        self._ip("down")
+        self._run("ip", "link", "set", "dev", self._netdev, "down")
 
     def blackhole(self) -> None:
-        pytest.skip("a tc black hole does not stop RDMA: an RNIC's traffic bypasses the kernel's stack")
+        if not self._software:
+            pytest.skip("a tc black hole does not stop RDMA: an RNIC's traffic bypasses the kernel's stack")
+        self._run("tc", "qdisc", "replace", "dev", self._netdev, "root", "blackhole")
 
     def restore(self) -> None:
-        self._ip("up")
+        if self._software:  # no such qdisc when the test took the link down instead
+            subprocess.run(["tc", "qdisc", "del", "dev", self._netdev, "root"], capture_output=True)
+        self._run("ip", "link", "set", "dev", self._netdev, "up")
 
 
 @dataclass
@@ -134,7 +142,7 @@ def _verbs_fabric() -> Iterator[Fabric]:
     if missing:
         pytest.fail(f"SHIFT_TEST_VERBS_DEVICES names {missing}; this host has {sorted(devices)}")
     if os.environ.get("SHIFT_TEST_VERBS_BREAK_LINK") == "1":
-        yield Fabric(devices=(a, b), link=HostLink(devices[a].netdev))
+        yield Fabric(devices=(a, b), link=HostLink(a, devices[a].netdev))
     else:
         yield Fabric((a, b), None, "link faults take a real NIC down: set SHIFT_TEST_VERBS_BREAK_LINK=1")
 
