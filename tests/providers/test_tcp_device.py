@@ -1,5 +1,5 @@
-"""The tcp device's answers to query_device and query_port, on both engines: its limits, and its netdev's
-state as the port's."""
+"""The tcp device's answers to query_device and query_port: its limits, and its netdev's state as the
+port's."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from libshift.providers.tcp.context import LIMITS, netdev_port
+from libshift.providers.tcp.context import LIMITS
+from libshift.providers.tcp.netdev import netdev_port
 from libshift.verbs import Context, ibv_port_state
 
 
-@pytest.fixture(params=["python", "native"])
-def context(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Context]:
+@pytest.fixture
+def context(monkeypatch: pytest.MonkeyPatch) -> Iterator[Context]:
     monkeypatch.setenv("SHIFT_TCP_DEVICES", "device_lo=lo")
-    monkeypatch.setenv("SHIFT_TCP_ENGINE", request.param)
     ctx = Context(name="device_lo")
     yield ctx
     ctx.close()

@@ -1,5 +1,4 @@
-"""The native engine (the C core) behaves as the interpreted one where the suites above the provider found a
-difference: each test here is such a finding, run on both engines."""
+"""The tcp provider's CQs as the suites above the provider rely on them."""
 
 from __future__ import annotations
 
@@ -8,19 +7,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from libshift.providers.tcp.native import NativeContext
 from libshift.verbs import CQ, MR, PD, QP, Context, CQOverflowError, QPAttr, QPInitAttr, SendWR
 from libshift.verbs import enums as e
 
 CQE = 4
 
 
-@pytest.fixture(params=["python", "native"])
-def context(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Context]:
-    monkeypatch.setenv("SHIFT_TCP_DEVICES", "engine_lo=lo")
-    monkeypatch.setenv("SHIFT_TCP_ENGINE", request.param)
-    ctx = Context(name="engine_lo")
-    assert isinstance(ctx.impl, NativeContext) == (request.param == "native")
+@pytest.fixture
+def context(monkeypatch: pytest.MonkeyPatch) -> Iterator[Context]:
+    monkeypatch.setenv("SHIFT_TCP_DEVICES", "cq_lo=lo")
+    ctx = Context(name="cq_lo")
     yield ctx
     ctx.close()
 
