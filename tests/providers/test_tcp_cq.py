@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -13,20 +12,12 @@ from libshift.verbs import enums as e
 CQE = 4
 
 
-@pytest.fixture
-def context(monkeypatch: pytest.MonkeyPatch) -> Iterator[Context]:
-    monkeypatch.setenv("SHIFT_TCP_DEVICES", "cq_lo=lo")
-    ctx = Context(name="cq_lo")
-    yield ctx
-    ctx.close()
-
-
-def test_poll_of_zero_entries_reports_an_overflow(context: Context) -> None:
+def test_poll_of_zero_entries_reports_an_overflow(lo_context: Context) -> None:
     """poll(0) takes no completion but still makes progress and raises once the CQ has overflowed (the
     failover suite waits for the overflow that way)."""
-    pd = PD(context)
+    pd = PD(lo_context)
     mr = MR(pd, 64, e.ALL_ACCESS)
-    cq, other = CQ(context, CQE), CQ(context, CQE)
+    cq, other = CQ(lo_context, CQE), CQ(lo_context, CQE)
     a, b = QP(pd, QPInitAttr(scq=cq, rcq=cq)), QP(pd, QPInitAttr(scq=other, rcq=other))
     for qp, peer in ((a, b), (b, a)):
         qp.to_init(QPAttr(qp_access_flags=e.ALL_ACCESS))
