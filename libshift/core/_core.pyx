@@ -413,7 +413,6 @@ cdef class QP(Guarded):
 # The frame format (wire.h), for libshift.core.wire: the numbers and the packing are the core's own,
 # never a second copy in Python.
 WIRE_MAGIC = c.SC_WIRE_MAGIC
-WIRE_HEADER_SIZE = c.SC_WIRE_HEADER_SIZE
 
 
 class Op(IntEnum):

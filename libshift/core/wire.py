@@ -1,9 +1,8 @@
 """The core's frame format (wire.h, docs/wire.md) for what speaks it from outside the core: a fuzzer playing
 a hostile peer, a tc filter that matches one op. The numbers and the packing are the core's own."""
 
-from libshift.core._core import REQUESTS, WIRE_HEADER_SIZE, WIRE_MAGIC, Op, pack_header
+from libshift.core._core import REQUESTS, WIRE_MAGIC, Op, pack_header
 
 MAGIC = WIRE_MAGIC
-HEADER_SIZE = WIRE_HEADER_SIZE
 
-__all__ = ["HEADER_SIZE", "MAGIC", "REQUESTS", "Op", "pack_header"]
+__all__ = ["MAGIC", "REQUESTS", "Op", "pack_header"]
