@@ -19,7 +19,7 @@ command -v iperf3 >/dev/null || need+=(iperf3)
 command -v gcc >/dev/null || need+=(gcc)
 command -v clang >/dev/null || need+=(clang)
 [ -f "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null)" ] || need+=(libclang-rt-dev)
-command -v valgrind >/dev/null || need+=(valgrind) # memcheck over the native engine (tests/memcheck.py)
+command -v valgrind >/dev/null || need+=(valgrind) # memcheck over the C core (tests/memcheck.py)
 # The verbs provider: Debian's pyverbs is built against the system's rdma-core (PyPI's builds its own
 # and then fails to load against older system libraries; see docs/hardware.md).
 [ -d "$system_pyverbs" ] || need+=(python3-pyverbs)

@@ -174,6 +174,19 @@ def test_the_failover_layer_speaks_no_protobuf() -> None:
     assert not bad, "\n".join(bad)
 
 
+def test_the_tcp_provider_moves_no_bytes_of_its_own() -> None:
+    """The C core is the tcp provider's one engine (docs/core.md): the provider reaches it, and has no event
+    loop or thread of its own, in which a second data path would live."""
+    assert ("libshift.providers.tcp.context", "libshift.core") in arrows("libshift.providers.tcp")
+    own = {
+        module: sorted(tops & {"select", "selectors", "threading", "asyncio"})
+        for module in MODULES
+        if module.startswith("libshift.providers.tcp")
+        for tops in [{name.split(".")[0] for name in imported_names(module, MODULES[module])}]
+    }
+    assert not {m: loops for m, loops in own.items() if loops}, own
+
+
 def test_no_circle_crosses_a_folder() -> None:
     edges: dict[str, set[str]] = defaultdict(set)
     for module, targets in GRAPH.items():

@@ -11,10 +11,12 @@ released (Guarded): the close waits for that call to leave before it frees, and 
 """
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 cimport libshift.core.cshift as c
+
+from enum import IntEnum
 
 from libshift.vocabulary.enums import ibv_qp_state, ibv_wc_opcode, ibv_wc_status
 from libshift.vocabulary.errors import VerbsRDMAError
@@ -406,3 +408,39 @@ cdef class QP(Guarded):
         self.quiesce()
         if not self.ctx.closed:
             c.sc_qp_free(self.ptr)
+
+
+# The frame format (wire.h), for libshift.core.wire: the numbers and the packing are the core's own,
+# never a second copy in Python.
+WIRE_MAGIC = c.SC_WIRE_MAGIC
+
+
+class Op(IntEnum):
+    HELLO = c.SC_OP_HELLO
+    SEND = c.SC_OP_SEND
+    SEND_IMM = c.SC_OP_SEND_IMM
+    WRITE = c.SC_OP_WRITE
+    WRITE_IMM = c.SC_OP_WRITE_IMM
+    READ_REQ = c.SC_OP_READ_REQ
+    CMP_SWP = c.SC_OP_CMP_SWP
+    FETCH_ADD = c.SC_OP_FETCH_ADD
+    ACK = c.SC_OP_ACK
+    NAK = c.SC_OP_NAK
+    READ_RESP = c.SC_OP_READ_RESP
+    ATOMIC_RESP = c.SC_OP_ATOMIC_RESP
+
+
+REQUESTS = frozenset(op for op in Op if c.sc_wire_is_request(op))
+
+
+def pack_header(int op, uint32_t seq, uint32_t length=0, *, uint16_t flags=0, uint32_t rkey=0,
+                uint32_t imm=0, uint64_t addr=0, uint64_t arg1=0, uint64_t arg2=0, uint32_t ack=0):
+    """One frame's header, as the core packs it (its magic; `op` may be any byte, for a fuzzer)."""
+    cdef c.sc_hdr hdr
+    cdef uint8_t out[c.SC_WIRE_HEADER_SIZE]
+    if not 0 <= op <= 255:
+        raise ValueError(f"op {op}: a frame's op is one byte")
+    hdr.magic, hdr.op, hdr.flags, hdr.seq, hdr.length = c.SC_WIRE_MAGIC, op, flags, seq, length
+    hdr.rkey, hdr.imm, hdr.addr, hdr.arg1, hdr.arg2, hdr.ack = rkey, imm, addr, arg1, arg2, ack
+    c.sc_wire_pack(&hdr, out)
+    return bytes(out[:c.SC_WIRE_HEADER_SIZE])

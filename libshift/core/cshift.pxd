@@ -1,5 +1,5 @@
 # The C core's API (shift_core.h), as Cython sees it.
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
 
 cdef extern from "shift_core.h" nogil:
@@ -89,3 +89,20 @@ cdef extern from "<poll.h>" nogil:
     int poll(pollfd *fds, unsigned long nfds, int timeout)
     enum:
         POLLIN
+
+
+cdef extern from "wire.h" nogil:
+    enum:
+        SC_WIRE_MAGIC
+        SC_WIRE_HEADER_SIZE
+    enum sc_wire_op:
+        SC_OP_HELLO, SC_OP_SEND, SC_OP_SEND_IMM, SC_OP_WRITE, SC_OP_WRITE_IMM, SC_OP_READ_REQ, SC_OP_CMP_SWP
+        SC_OP_FETCH_ADD, SC_OP_ACK, SC_OP_NAK, SC_OP_READ_RESP, SC_OP_ATOMIC_RESP
+    struct sc_hdr:
+        uint8_t magic, op
+        uint16_t flags
+        uint32_t seq, length, rkey, imm
+        uint64_t addr, arg1, arg2
+        uint32_t ack
+    void sc_wire_pack(const sc_hdr *hdr, uint8_t *out)
+    int sc_wire_is_request(unsigned op)

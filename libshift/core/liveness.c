@@ -4,7 +4,6 @@
  * short deadline. The remote kernel's TCP acks are the packet-level signal: while it keeps acknowledging
  * new bytes, or has none of ours left to acknowledge, or holds its window shut and answers our window
  * probes, the path is alive and the wait is on the remote host. A black hole or a dead link shows none.
- * (libshift/providers/tcp/liveness.py reads the same fields.)
  */
 #include <netinet/in.h>
 #include <netinet/tcp.h>

@@ -1,9 +1,9 @@
 /* An RC queue pair: its states, connection set-up, the connection's frames handed to its two halves
  * (requester.c, responder.c), its timers, and errors.
  *
- * Set-up is the interpreted provider's, so either can be the peer: the QP listens on its own socket (the
- * port is the QPN); at RTR the side with the smaller (address, QPN) connects and opens with a HELLO
- * naming both QPNs, the other accepts from the expected address only.
+ * Set-up (docs/wire.md): the QP listens on its own socket (the port is the QPN); at RTR the side with the
+ * smaller (address, QPN) connects and opens with a HELLO naming both QPNs, the other accepts from the
+ * expected address only.
  */
 #include <errno.h>
 #include <netinet/in.h>

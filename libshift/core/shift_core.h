@@ -1,4 +1,4 @@
-/* The shift core's API: a software RC transport over kernel TCP (the tcp provider's native engine).
+/* The shift core's API: a software RC transport over kernel TCP (the tcp provider's engine).
  *
  * Objects belong to a context (sc_ctx), whose progress thread (pthread + epoll) moves the bytes while
  * nobody polls; a poll that finds its CQ empty makes one non-blocking pass itself. Every call takes the

@@ -1,5 +1,5 @@
 /* The tcp transport's frame format (docs/wire.md): a fixed 48-byte big-endian header, then the payload.
- * The same bytes as libshift/providers/tcp/wire.py, so a native QP and an interpreted one talk. */
+ * libshift/core/wire.py hands these numbers and sc_wire_pack to Python (tests that play a peer). */
 #ifndef SHIFT_CORE_WIRE_H
 #define SHIFT_CORE_WIRE_H
 

@@ -2,10 +2,8 @@
 
 The test bodies use only the verbs API. Everything provider-specific lives here: which devices the two
 hosts have and how a link is broken. SHIFT_TEST_PROVIDER picks the providers, a comma-separated list
-(default `tcp,native`: every test runs on each, until the native engine is the only one); the tcp fabric
-is a lab of two hosts (`shift-lab`, prefix `vx`) whose links shiftd breaks (`shiftctl fail-nic`, down or
-black hole), removed at the end of the session. `native` is the same fabric with the tcp provider's
-native engine (the C core, SHIFT_TCP_ENGINE=native).
+(default `tcp`: every test runs on each); the tcp fabric is a lab of two hosts (`shift-lab`, prefix `vx`)
+whose links shiftd breaks (`shiftctl fail-nic`, down or black hole), removed at the end of the session.
 
 SHIFT_TEST_PROVIDER=verbs runs the suite on this host's RNICs: both sides on the first device (QPs of one
 RNIC reach each other through it), or on the two named in SHIFT_TEST_VERBS_DEVICES=mlx5_0,mlx5_1 (which
@@ -27,12 +25,11 @@ from pathlib import Path
 import pytest
 from labs import running_lab
 
-from libshift.providers.tcp import ENV_ENGINE
 from libshift.verbs import CQ, MR, PD, QP, WC, CompChannel, Context, QPAttr, QPCap, QPInitAttr
 from libshift.verbs import enums as e
 from shiftlab.lab import Lab
 
-PROVIDERS = os.environ.get("SHIFT_TEST_PROVIDER", "tcp,native").split(",")
+PROVIDERS = os.environ.get("SHIFT_TEST_PROVIDER", "tcp").split(",")
 ALL_ACCESS = e.ALL_ACCESS
 SYSFS_IB = Path("/sys/class/infiniband")
 
@@ -109,23 +106,16 @@ class Fabric:
     devices: tuple[str, str]
     link: LabLink | HostLink | None  # None: links are not broken on this fabric (skip_reason says why)
     skip_reason: str = ""
-    engine: str | None = None  # the tcp provider's engine (SHIFT_TCP_ENGINE) the suite's Contexts open with
 
 
-def _tcp_fabric(engine: str = "python") -> Iterator[Fabric]:
+def _tcp_fabric() -> Iterator[Fabric]:
     """Two lab hosts (h0, h1) on one rail; the devices are their mlx5_0, each in its host's namespace."""
     with running_lab("vx", hosts=2, nics=1) as lab, pytest.MonkeyPatch.context() as env:
         netdev = lab.shape.netdev(0)
         env.setenv(
             "SHIFT_TCP_DEVICES", f"vx_a={netdev}@{lab.namespace('h0')},vx_b={netdev}@{lab.namespace('h1')}"
         )
-        yield Fabric(devices=("vx_a", "vx_b"), link=LabLink(lab), engine=engine)
-
-
-def _native_fabric() -> Iterator[Fabric]:
-    """The tcp fabric with the C core as the tcp provider's engine (SHIFT_TCP_ENGINE=native for the
-    suite's Contexts only: the session's other tests keep the default engine)."""
-    yield from _tcp_fabric("native")
+        yield Fabric(devices=("vx_a", "vx_b"), link=LabLink(lab))
 
 
 def _verbs_fabric() -> Iterator[Fabric]:
@@ -147,7 +137,7 @@ def _verbs_fabric() -> Iterator[Fabric]:
         yield Fabric((a, b), None, "link faults take a real NIC down: set SHIFT_TEST_VERBS_BREAK_LINK=1")
 
 
-FABRICS = {"tcp": _tcp_fabric, "native": _native_fabric, "verbs": _verbs_fabric}
+FABRICS = {"tcp": _tcp_fabric, "verbs": _verbs_fabric}
 
 
 @pytest.fixture(scope="session", params=PROVIDERS)
@@ -168,10 +158,7 @@ def link(fabric: Fabric) -> Iterator[LabLink | HostLink]:
 
 @pytest.fixture(scope="session")
 def contexts(fabric: Fabric) -> Iterator[tuple[Context, Context]]:
-    with pytest.MonkeyPatch.context() as env:  # the engine is chosen as a Context opens
-        if fabric.engine is not None:
-            env.setenv(ENV_ENGINE, fabric.engine)
-        a, b = Context(name=fabric.devices[0]), Context(name=fabric.devices[1])
+    a, b = Context(name=fabric.devices[0]), Context(name=fabric.devices[1])
     yield a, b
     a.close()
     b.close()
@@ -179,7 +166,7 @@ def contexts(fabric: Fabric) -> Iterator[tuple[Context, Context]]:
 
 @pytest.fixture(scope="session")
 def max_sge(contexts: tuple[Context, Context]) -> int:
-    """The SGEs a WR may carry on both devices: their max_sge (rxe: 32; mlx5: 30; tcp, either engine: 64)."""
+    """The SGEs a WR may carry on both devices: their max_sge (rxe: 32; mlx5: 30; tcp: 64)."""
     return min(ctx.query_device().max_sge for ctx in contexts)
 
 

@@ -2,7 +2,7 @@
 
 The peer (pyverbs_peer.py, run by Debian's python3, no libshift) opens the second device; libshift's QP on
 the first sends it a message, and the peer writes its answer into libshift's MR with an RDMA WRITE. Only
-on the verbs provider (`only_on`: left out of a run on the tcp engines, whose wire is their own).
+on the verbs provider (`only_on`: left out of a run on the tcp provider, whose wire is its own).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""A short ping-pong over the native engine, for valgrind (tests/core/test_core_valgrind.py): SENDs both
-ways, a WRITE, a READ, an atomic, then a remote access error and the flush after it, then everything closed.
-Run with SHIFT_TCP_ENGINE=native and SHIFT_TCP_DEVICES=vg_lo=lo; exits non-zero if a completion is not the one
-expected."""
+"""A short ping-pong over the C core, for valgrind (tests/core/test_core_valgrind.py): SENDs both ways, a
+WRITE, a READ, an atomic, then a remote access error and the flush after it, then everything closed. Run with
+SHIFT_TCP_DEVICES=vg_lo=lo; exits non-zero if a completion is not the one expected."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, common_pb2
-from libshift.providers.tcp import wire
+from libshift.core import wire
 from shiftd.ctl import MODES, Client
 from shiftlab.lab import Lab
 from shiftlab.labproc import LabProcess

@@ -1,17 +1,14 @@
-"""A failover over the native engine is clean under valgrind's memcheck: the sender of a stream (peer.py)
-runs under memcheck on h0, its NIC fails in the middle, the stream goes on over the backup and arrives
-intact. The whole lab runs the native engine (SHIFT_TCP_ENGINE=native, inherited by shiftd and the peers).
+"""A failover over the C core is clean under valgrind's memcheck: the sender of a stream (peer.py) runs
+under memcheck on h0, its NIC fails in the middle, the stream goes on over the backup and arrives intact.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from labs import running_lab
 from memcheck import clean, memcheck
 from stream_harness import PEER, Peer, assert_intact, nic_fault, wait_all_up
 
@@ -23,16 +20,8 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(240)]
 PATIENCE = 100.0  # seconds a memcheck'd step may take: the interpreter runs some 30 times slower under it
 
 
-@pytest.fixture(scope="module")
-def native_lab() -> Iterator[Lab]:
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("SHIFT_TCP_ENGINE", "native")
-        with running_lab("vg", hosts=2, nics=2) as lab:
-            yield lab
-
-
-def test_a_failover_is_memcheck_clean(native_lab: Lab, tmp_path: Path) -> None:
-    lab, log = native_lab, tmp_path / "memcheck.log"
+def test_a_failover_is_memcheck_clean(lab: Lab, tmp_path: Path) -> None:
+    log = tmp_path / "memcheck.log"
     wait_all_up(lab)
     stream = ("sender", "--mode", "send", "--rate", "200", "--progress", "20")  # slow enough for memcheck
     sender = LabProcess(lab, "h0", [*memcheck(log), sys.executable, PEER, *stream], timeout=PATIENCE)

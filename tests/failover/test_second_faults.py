@@ -32,7 +32,7 @@ from stream_harness import (
     wait_nic_state,
 )
 
-from libshift.providers.tcp import wire
+from libshift.core import wire
 from shiftlab.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]

@@ -1,9 +1,8 @@
-"""Who drives the tcp provider's progress: the thread that waits for a completion, else the engine's thread.
+"""Who drives a tcp context's progress: the core's progress thread, whatever the application does.
 
-A thread blocked in get_cq_event leads its context's engine (waits in epoll and dispatches), so its
-completion is made on its own thread; another thread waiting meanwhile is served too and takes over the lead
-when the first leaves; and when the application stops calling into the library, the engine's own thread
-resumes, so a peer's requests are still answered.
+While the application makes no call, the peer's READs and WRITEs are still answered; two threads waiting on
+channels of one context are each served, one after the other; and a completion made on another thread (a
+flush) ends a channel wait at once.
 """
 
 from __future__ import annotations
@@ -11,13 +10,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
 from veth_contexts import veth_contexts
 
-from libshift.providers.tcp.engine import GRACE
 from libshift.verbs import (
     CQ,
     MR,
@@ -99,98 +96,14 @@ def make_pair(contexts: tuple[Context, Context]) -> Iterator:
         pd.close()
 
 
-def pushed_on(side: End) -> list[int]:
-    """The threads that pushed completions to side's CQ, recorded as they are pushed."""
-    threads: list[int] = []
-    push = side.cq.impl.push
-
-    def recording(wc: WC, solicited: bool = False) -> bool:
-        threads.append(threading.get_ident())
-        return push(wc, solicited)
-
-    side.cq.impl.push = recording  # type: ignore[method-assign]
-    return threads
-
-
-@contextmanager
-def stretched_grace(end: End, seconds: float) -> Iterator[None]:
-    """Keep end's engine thread off epoll for `seconds` after the application's last call, so that a loaded
-    machine, which may not run the application's thread for milliseconds, cannot hand the engine thread the
-    work a test expects of the application's thread; afterwards the engine thread takes the usual GRACE."""
-    engine = end.qp.impl.engine
-    engine.grace = seconds
-    try:
-        yield
-    finally:
-        engine.grace = GRACE
-        engine.wake()  # it may be parked for the stretched time: let it look again
-
-
-def test_the_waiting_thread_makes_its_own_completion(make_pair) -> None:
-    a, b = make_pair()
-    threads = pushed_on(b)
-    with stretched_grace(b, 1.0):
-        for n in range(5):
-            b.qp.post_recv(RecvWR(wr_id=n, sg=b.sge(8)))
-            a.mr.write(b"msg %4d" % n)
-
-            def send_later(n: int = n) -> None:
-                time.sleep(0.05)  # after b's thread is blocked in get_cq_event
-                a.qp.post_send(SendWR(wr_id=n, opcode=e.IBV_WR_SEND, sg=a.sge(8), send_flags=0))
-
-            sender = threading.Thread(target=send_later)
-            sender.start()
-            wc = b.wait()
-            sender.join()
-            assert (wc.wr_id, wc.status, wc.opcode) == (n, e.IBV_WC_SUCCESS, e.IBV_WC_RECV)
-            assert b.mr.read(8) == b"msg %4d" % n
-    assert threads == [threading.get_ident()] * 5
-
-
-def test_a_polling_thread_makes_its_own_completions() -> None:
-    """A poll counts as the application being there: the engine thread, which led while nobody called in,
-    leaves epoll for GRACE (stretched here, so that a loaded machine cannot make the poller look away), and
-    the poller's own passes read, place and complete. The wake-up that makes the engine thread leave must
-    survive the poller's pass over the same epoll set, which sees the wake-up's eventfd too."""
-    with veth_contexts("lt4", "198.18.98") as (_, ctx_a, ctx_b):
-        pd_a, pd_b = PD(ctx_a), PD(ctx_b)
-        a, b = end(ctx_a, pd_a), end(ctx_b, pd_b)
-        for one, other in ((a, b), (b, a)):
-            one.qp.connect(other.qp.endpoint(), QPAttr(qp_access_flags=ALL))
-        engine = b.qp.impl.engine
-        with stretched_grace(b, 2.0):
-            time.sleep(2.1)  # nobody called into B for GRACE: its engine thread leads, waiting in epoll
-            threads = pushed_on(b)
-            b.qp.post_recv(RecvWR(wr_id=1, sg=b.sge(8)))
-            assert engine._leader == engine._ident  # (private state: what this test is about)
-            assert b.cq.poll(1)[1] == []  # one poll: the engine thread is told to step aside for GRACE
-            deadline = time.monotonic() + 1
-            while engine._leader and time.monotonic() < deadline:
-                time.sleep(1e-3)
-            assert not engine._leader
-            a.mr.write(b"by poll!")
-            a.qp.post_send(SendWR(wr_id=1, opcode=e.IBV_WR_SEND, sg=a.sge(8), send_flags=0))
-            time.sleep(0.1)  # the message is in B's socket; an engine thread still in epoll would take it now
-            deadline = time.monotonic() + 5
-            while not (got := b.cq.poll(1)[1]) and time.monotonic() < deadline:
-                time.sleep(1e-4)
-            assert [(wc.wr_id, wc.status) for wc in got] == [(1, e.IBV_WC_SUCCESS)]
-            assert b.mr.read(8) == b"by poll!"
-            assert threads == [threading.get_ident()]
-        for one in (a, b):
-            one.close()
-        for pd in (pd_a, pd_b):
-            pd.close()
-
-
-def test_the_engine_thread_serves_the_peer_while_the_application_is_away(make_pair) -> None:
+def test_the_progress_thread_serves_the_peer_while_the_application_is_away(make_pair) -> None:
     a, b = make_pair()
     b.qp.post_recv(RecvWR(wr_id=1, sg=b.sge(8)))
     a.qp.post_send(SendWR(wr_id=1, opcode=e.IBV_WR_SEND, sg=a.sge(8), send_flags=0))
-    assert b.wait().status == e.IBV_WC_SUCCESS  # b's thread led its engine a moment ago
+    assert b.wait().status == e.IBV_WC_SUCCESS
     b.mr.write(b"read me!", offset=512)
     a.mr.write(b"written!", offset=1024)
-    # From now on nothing calls into context B: its engine thread must answer the READ and the WRITE.
+    # From now on nothing calls into context B: its progress thread must answer the READ and the WRITE.
     for opcode, offset, expect in ((e.IBV_WR_RDMA_READ, 512, 512), (e.IBV_WR_RDMA_WRITE, 1024, 1024)):
         a.qp.post_send(
             SendWR(
@@ -207,7 +120,7 @@ def test_the_engine_thread_serves_the_peer_while_the_application_is_away(make_pa
     assert b.mr.read(8, 1024) == b"written!"
 
 
-def test_a_second_waiting_thread_is_served_and_takes_over_the_lead(make_pair) -> None:
+def test_two_threads_waiting_on_one_context_are_each_served(make_pair) -> None:
     (a1, b1), (a2, b2) = make_pair(), make_pair()  # b1 and b2 share context B
     for b in (b1, b2):
         b.qp.post_recv(RecvWR(wr_id=7, sg=b.sge(8)))
@@ -219,7 +132,7 @@ def test_a_second_waiting_thread_is_served_and_takes_over_the_lead(make_pair) ->
     threads = [threading.Thread(target=waiter, args=(n, s)) for n, s in (("b1", b1), ("b2", b2))]
     for thread in threads:
         thread.start()
-    time.sleep(0.1)  # both wait now: one leads B's engine, the other follows
+    time.sleep(0.1)  # both wait now, each on its own channel of context B
     a1.qp.post_send(SendWR(wr_id=1, opcode=e.IBV_WR_SEND, sg=a1.sge(8), send_flags=0))
     threads[0].join(timeout=5)
     time.sleep(0.1)  # b1's thread has left; b2's thread waits on alone
@@ -231,14 +144,14 @@ def test_a_second_waiting_thread_is_served_and_takes_over_the_lead(make_pair) ->
     }
 
 
-def test_a_completion_made_by_another_thread_wakes_the_leader(make_pair) -> None:
+def test_a_completion_made_by_another_thread_ends_a_channel_wait(make_pair) -> None:
     a, _b = make_pair()
     a.qp.post_recv(RecvWR(wr_id=3, sg=a.sge(8)))
     a.cq.req_notify()
     to_err = threading.Timer(0.2, a.qp.to_err)  # flushes the receive from another thread
     to_err.start()
     started = time.monotonic()
-    a.channel.get_cq_event(timeout=5)  # leads A's engine: epoll, not the condition
+    a.channel.get_cq_event(timeout=5)
     waited = time.monotonic() - started
     to_err.join()
     assert [(wc.wr_id, wc.status) for wc in a.cq.poll(4)[1]] == [(3, e.IBV_WC_WR_FLUSH_ERR)]

@@ -1,92 +1,41 @@
-"""An opened tcp device: its address, its sockets (in its network namespace), keys, and progress engine."""
+"""An opened tcp device over the C core (libshift.core): the context, its PDs, MRs, CQs and channels.
+
+The device is its netdev (netdev.py); everything that moves bytes or makes completions is the core's. The
+objects here hold the core's and speak the provider interface's words.
+"""
 
 from __future__ import annotations
 
-import fcntl
+import mmap
 import socket
-import struct
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
+from libshift.core import _core
 from libshift.gid import gid_of_ipv4
-from libshift.netns import NetnsError, in_netns
-from libshift.providers import DeviceInfo, ProviderContext
-from libshift.providers.tcp.cq import TcpChannel, TcpCQ
-from libshift.providers.tcp.engine import Engine
-from libshift.providers.tcp.memory import TcpPD, random_key
-from libshift.vocabulary.attrs import DeviceAttr, PortAttr
-from libshift.vocabulary.enums import ibv_port_state
-from libshift.vocabulary.errors import VerbsError
+from libshift.providers import (
+    DeviceInfo,
+    ProviderChannel,
+    ProviderContext,
+    ProviderCQ,
+    ProviderMR,
+    ProviderPD,
+)
+from libshift.providers.tcp.netdev import device_socket, netdev_ipv4, netdev_port
+from libshift.providers.tcp.qp import TcpQP
+from libshift.vocabulary.attrs import DeviceAttr, PortAttr, QPCap
+from libshift.vocabulary.errors import CQOverflowError
+from libshift.vocabulary.wr import WC
 
-if TYPE_CHECKING:
-    from libshift.providers.tcp.qp import TcpQP
-
-SIOCGIFADDR = 0x8915
-SIOCGIFFLAGS = 0x8913
-IFF_UP, IFF_RUNNING = 0x1, 0x40
-# Both engines take any size memory allows; they answer as a large RNIC would, so that code sized by them
-# fits one (64 SGEs: the most the conformance suite gathers).
+# The core takes any size memory allows; it answers as a large RNIC would, so that code sized by it fits one
+# (64 SGEs: the most the conformance suite gathers).
 LIMITS = DeviceAttr(max_cqe=(1 << 22) - 1, max_sge=64, max_qp_wr=1 << 15)
 
 
-@contextmanager
-def device_netns(netns: str | None) -> Iterator[None]:
-    """`in_netns` for a device's `@netns`: a missing namespace is a verbs error, as for any bad device."""
-    try:
-        with in_netns(netns):
-            yield
-    except NetnsError as exc:
-        raise VerbsError(str(exc)) from None
-
-
-def netdev_ipv4(netdev: str, netns: str | None) -> str:
-    """The IPv4 address of `netdev`, looked up inside the device's namespace."""
-    with device_netns(netns), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            reply = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", netdev.encode()[:15]))
-        except OSError as exc:
-            where = f" in netns {netns}" if netns else ""
-            raise VerbsError(
-                f"netdev {netdev!r}{where} has no usable IPv4 address ({exc.strerror})"
-            ) from None
-    return socket.inet_ntoa(reply[20:24])
-
-
-def netdev_port(netdev: str, netns: str | None) -> PortAttr:
-    """The netdev as a port: ACTIVE while it is up with its carrier (IFF_UP and IFF_RUNNING), else DOWN."""
-    with device_netns(netns), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            reply = fcntl.ioctl(probe.fileno(), SIOCGIFFLAGS, struct.pack("256s", netdev.encode()[:15]))
-        except OSError:
-            return PortAttr(ibv_port_state.IBV_PORT_DOWN)  # gone: no port either
-    flags = struct.unpack_from("H", reply, 16)[0]
-    up = flags & IFF_UP and flags & IFF_RUNNING
-    return PortAttr(ibv_port_state.IBV_PORT_ACTIVE if up else ibv_port_state.IBV_PORT_DOWN)
-
-
-def device_socket(device: DeviceInfo, address: str) -> socket.socket:
-    """A non-blocking TCP socket in the device's namespace, bound to its netdev (SO_BINDTODEVICE) and
-    address."""
-    with device_netns(device.netns):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device.netdev.encode())
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((address, 0))
-    except OSError as exc:
-        sock.close()
-        raise VerbsError(f"device {device.name}: cannot bind to {device.netdev}: {exc.strerror}") from None
-    sock.setblocking(False)
-    return sock
-
-
-class TcpDevice(ProviderContext):
-    """What both engines' contexts answer alike: the device is its netdev, its address and its state."""
-
+class TcpContext(ProviderContext):
     def __init__(self, device: DeviceInfo) -> None:
         self.device = device
         self.address = netdev_ipv4(device.netdev, device.netns)
+        self.core = _core.Context()
+        self.cqs: dict[int, TcpCQ] = {}  # by cookie, for the channel's events
 
     def gid(self) -> str:
         return gid_of_ipv4(self.address)
@@ -98,35 +47,90 @@ class TcpDevice(ProviderContext):
         return netdev_port(self.device.netdev, self.device.netns)
 
     def new_socket(self) -> socket.socket:
+        """A socket for the core: in the device's namespace, bound to its netdev and address."""
         return device_socket(self.device, self.address)
-
-
-class TcpContext(TcpDevice):
-    def __init__(self, device: DeviceInfo) -> None:
-        super().__init__(device)
-        self.engine = Engine(device.name)
-        self.qps: set[TcpQP] = set()
-        self._keys: set[int] = set()
-
-    def new_key(self) -> int:
-        key = random_key(self._keys)
-        self._keys.add(key)
-        return key
-
-    def release_key(self, key: int) -> None:
-        self._keys.discard(key)
 
     def alloc_pd(self) -> TcpPD:
         return TcpPD(self)
 
     def create_comp_channel(self) -> TcpChannel:
-        return TcpChannel(self.engine)
+        return TcpChannel(self)
 
     def create_cq(self, cqe: int, channel: TcpChannel | None) -> TcpCQ:  # type: ignore[override]
-        return TcpCQ(cqe, channel, self.engine.poll_once)
+        cq = TcpCQ(self, cqe, channel)
+        self.cqs[id(cq)] = cq
+        return cq
 
     def close(self) -> None:
-        with self.engine.lock:
-            for qp in list(self.qps):
-                qp.close()
-        self.engine.stop()
+        self.core.close()
+        self.cqs.clear()
+
+
+class TcpMR(ProviderMR):
+    def __init__(self, pd: TcpPD, length: int, access: int, buffer: memoryview | None) -> None:
+        self.length = length
+        self.access = access
+        self.view = memoryview(mmap.mmap(-1, length)) if buffer is None else buffer
+        self.core = _core.MR(pd.core, self.view, length, access)
+        self.addr, self.lkey, self.rkey = self.core.addr, self.core.lkey, self.core.rkey
+
+    def close(self) -> None:
+        self.core.close()
+
+
+class TcpPD(ProviderPD):
+    def __init__(self, ctx: TcpContext) -> None:
+        self.ctx = ctx
+        self.core = _core.PD(ctx.core)
+
+    def reg_mr(self, length: int, access: int, buffer: memoryview | None = None) -> TcpMR:
+        return TcpMR(self, length, access, buffer)
+
+    def create_qp(  # type: ignore[override]
+        self, send_cq: TcpCQ, recv_cq: TcpCQ, cap: QPCap, sq_sig_all: bool
+    ) -> TcpQP:
+        return TcpQP(self.ctx, self.core, send_cq.core, recv_cq.core, cap, sq_sig_all)
+
+    def close(self) -> None:
+        self.core.close()
+
+
+class TcpChannel(ProviderChannel):
+    def __init__(self, ctx: TcpContext) -> None:
+        self._ctx = ctx
+        self.core = _core.Channel(ctx.core)
+
+    def fileno(self) -> int:
+        """The channel's eventfd: readable while an event may be waiting."""
+        return self.core.fileno()
+
+    def get_cq_event(self, timeout: float | None) -> TcpCQ | None:
+        cookie = self.core.wait(timeout)
+        return None if cookie is None else self._ctx.cqs.get(cookie)
+
+    def wake(self) -> None:
+        """Make the wait under way (or else the next one) return None now."""
+        self.core.wake()
+
+    def close(self) -> None:
+        self.core.close()
+
+
+class TcpCQ(ProviderCQ):
+    def __init__(self, ctx: TcpContext, cqe: int, channel: TcpChannel | None) -> None:
+        self._ctx = ctx
+        self.cqe = cqe
+        self.core = _core.CQ(ctx.core, cqe, None if channel is None else channel.core, id(self))
+
+    def poll(self, num_entries: int) -> list[WC]:
+        wcs = self.core.poll(num_entries)
+        if wcs is None:
+            raise CQOverflowError(f"CQ overflow: more than {self.cqe} completions were not polled")
+        return wcs
+
+    def req_notify(self, solicited_only: bool) -> None:
+        self.core.req_notify(solicited_only)
+
+    def close(self) -> None:
+        self.core.close()
+        self._ctx.cqs.pop(id(self), None)

@@ -1,4 +1,4 @@
-"""What the tcp provider's two engines' QPs share: the state transitions, attribute checks, the Endpoint."""
+"""The tcp QP's rule book: the state transitions it takes, the attribute ranges it checks, its Endpoint."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ TRANSITIONS = {
 
 
 def tcp_endpoint(device: str, address: str, qpn: int, psn: int) -> Endpoint:
-    """A tcp QP's connection data: the peer connects to `address`, port `qpn` (either engine's QP)."""
+    """A tcp QP's connection data: the peer connects to `address`, port `qpn`."""
     return Endpoint(
         gid=gid_of_ipv4(address),
         qpn=qpn,

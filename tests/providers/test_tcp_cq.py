@@ -1,36 +1,23 @@
-"""The native engine (the C core) behaves as the interpreted one where the suites above the provider found a
-difference: each test here is such a finding, run on both engines."""
+"""The tcp provider's CQs as the suites above the provider rely on them."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from libshift.providers.tcp.native import NativeContext
 from libshift.verbs import CQ, MR, PD, QP, Context, CQOverflowError, QPAttr, QPInitAttr, SendWR
 from libshift.verbs import enums as e
 
 CQE = 4
 
 
-@pytest.fixture(params=["python", "native"])
-def context(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Context]:
-    monkeypatch.setenv("SHIFT_TCP_DEVICES", "engine_lo=lo")
-    monkeypatch.setenv("SHIFT_TCP_ENGINE", request.param)
-    ctx = Context(name="engine_lo")
-    assert isinstance(ctx.impl, NativeContext) == (request.param == "native")
-    yield ctx
-    ctx.close()
-
-
-def test_poll_of_zero_entries_reports_an_overflow(context: Context) -> None:
+def test_poll_of_zero_entries_reports_an_overflow(lo_context: Context) -> None:
     """poll(0) takes no completion but still makes progress and raises once the CQ has overflowed (the
     failover suite waits for the overflow that way)."""
-    pd = PD(context)
+    pd = PD(lo_context)
     mr = MR(pd, 64, e.ALL_ACCESS)
-    cq, other = CQ(context, CQE), CQ(context, CQE)
+    cq, other = CQ(lo_context, CQE), CQ(lo_context, CQE)
     a, b = QP(pd, QPInitAttr(scq=cq, rcq=cq)), QP(pd, QPInitAttr(scq=other, rcq=other))
     for qp, peer in ((a, b), (b, a)):
         qp.to_init(QPAttr(qp_access_flags=e.ALL_ACCESS))
