@@ -7,6 +7,7 @@ with the QEMU process ended and the work share removed.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import signal
@@ -91,6 +92,16 @@ def runner(tmp_path, monkeypatch):
 
     run.progress = progress  # type: ignore[attr-defined]
     return run
+
+
+def test_the_trees_code_folders_are_compiled_here_for_the_read_only_guest(tmp_path):
+    module, elsewhere = tmp_path / "tests" / "helper.py", tmp_path / "data" / "script.py"
+    for path in (module, elsewhere):
+        path.parent.mkdir()
+        path.write_text("X = 1\n")
+    vm._compile(tmp_path)
+    assert Path(importlib.util.cache_from_source(str(module))).is_file()
+    assert not (elsewhere.parent / "__pycache__").exists()  # only the code folders: not a venv's tree
 
 
 def test_the_commands_output_and_exit_code_come_back(runner):
