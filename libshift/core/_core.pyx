@@ -55,9 +55,9 @@ cdef class Guarded:
                 sched_yield()
 
 
-cdef class Context:
+cdef class Context(Guarded):
+    """Guarded too: a channel wait reads the context's sockets, so closing waits for the waits to end."""
     cdef c.sc_ctx *ptr
-    cdef public bint closed
     cdef list graveyard  # MRs closed while a transfer still used their memory
 
     def __cinit__(self):
@@ -83,7 +83,9 @@ cdef class Context:
     def close(self):
         if self.closed:
             return
-        self.closed = True
+        with nogil:
+            c.sc_ctx_wake_waiters(self.ptr)  # channel waits return, see `closed` and leave
+        self.quiesce()
         with nogil:
             c.sc_ctx_free(self.ptr)
         for mr in self.graveyard:
@@ -187,34 +189,36 @@ cdef class Channel(Guarded):
 
     def wait(self, timeout):
         """The cookie of the next armed CQ that got a completion; None when woken or after timeout s.
-        The interpreter lock is released while it waits on the channel's eventfd."""
+        The interpreter lock is released while it waits; meanwhile this thread reads the context's
+        sockets itself (sc_chan_wait's drive), until they have been idle for a while."""
         cdef uint64_t cookie = 0
         cdef int got, ms
-        cdef c.pollfd pfd
+        cdef bint drive = True
         import time
         end = None if timeout is None else time.monotonic() + timeout
-        if self.ctx.closed or not self.enter():
+        if not self.enter():
+            return None
+        if not self.ctx.enter():
+            self.leave()
             return None
         try:
             while not self.ctx.closed and not self.closed:
-                got = c.sc_chan_take(self.ptr, &cookie)
-                if got == 1:
-                    return cookie
-                if got == 2:
-                    return None
                 if end is None:
                     ms = -1
                 else:
                     left = end - time.monotonic()
-                    if left <= 0:
-                        return None
-                    ms = max(1, int(left * 1000 + 0.999))
-                pfd.fd = c.sc_chan_fd(self.ptr)
-                pfd.events = c.POLLIN
+                    ms = max(0, int(left * 1000 + 0.999))
                 with nogil:
-                    c.poll(&pfd, 1, ms)
+                    got = c.sc_chan_wait(self.ptr, ms, drive, &cookie)
+                if got == 1:
+                    return cookie
+                if got == 2 or (end is not None and time.monotonic() >= end):
+                    return None
+                if got == 3:
+                    drive = False
             return None
         finally:
+            self.ctx.leave()
             self.leave()
 
     def wake(self):

@@ -18,6 +18,8 @@
 #define SC_ACK_BATCH 16           /* executed requests after which an ACK goes out at once */
 #define SC_ACK_DELAY_NS 200000    /* otherwise the longest an ACK waits for a request to ride on */
 #define SC_RNR_FOREVER 7
+#define SC_DRIVE_GRACE_NS 1000000 /* a caller's pass parks the progress thread for this long (engine.c) */
+#define SC_DRIVE_IDLE_MS 20       /* the longest a blocking wait drives progress before it lets the thread */
 
 /* ibverbs' numbers (libshift.vocabulary.enums) */
 enum {
@@ -71,6 +73,7 @@ struct sc_chan {
     struct sc_ctx *ctx;
     int fd;
     int woken;
+    int signalled; /* the eventfd holds a count (its readers drain it) */
     uint32_t refs; /* the owner's and its CQs' */
     int closed;
     struct sc_cq **events;
@@ -185,7 +188,7 @@ struct sc_qp {
     struct sc_qp *next, *prev;
 };
 
-enum { WATCH_FREE = 0, WATCH_WAKE, WATCH_CONN, WATCH_LISTEN, WATCH_CONNECTING };
+enum { WATCH_FREE = 0, WATCH_CONN, WATCH_LISTEN, WATCH_CONNECTING };
 
 struct sc_watch {
     uint32_t gen;
@@ -196,9 +199,15 @@ struct sc_watch {
 struct sc_ctx {
     pthread_mutex_t lock;
     pthread_t thread;
-    int epfd, wakefd;
+    int epfd;   /* the sockets: callers' passes and blocking waits wait on it */
+    int wakefd; /* the progress thread's alone: a stop, or a timer earlier than its wait */
+    int pfd;    /* the progress thread's wait: epfd and wakefd */
     int stopping;
     int64_t sleep_until; /* when the progress thread's wait ends by itself (0: not waiting) */
+    /* callers driving progress (engine.c): blocking waits under way, and the last pass a caller made */
+    uint32_t drivers;
+    int64_t last_drive;
+    struct sc_chan *passing_chan; /* the channel whose waiter is making the pass under way, if any */
     uint64_t failures;
     uint32_t next_pd;
     struct sc_watch *watches;
@@ -222,7 +231,11 @@ uint64_t sc_watch_add(struct sc_ctx *ctx, int fd, int kind, void *obj, int want_
 void sc_watch_mod(struct sc_ctx *ctx, int fd, uint64_t watch, int want_write);
 void sc_watch_del(struct sc_ctx *ctx, int fd, uint64_t watch);
 void sc_engine_wake(struct sc_ctx *ctx);
-void sc_pass(struct sc_ctx *ctx, int timeout_ms);
+/* A non-blocking pass on a caller's thread, which parks the progress thread for SC_DRIVE_GRACE_NS. */
+void sc_drive(struct sc_ctx *ctx);
+/* Whether a caller drives progress now (the progress thread is parked; timers fire on callers' passes or,
+ * at the latest, SC_DRIVE_GRACE_NS late). */
+int sc_driven(const struct sc_ctx *ctx, int64_t now);
 
 /* timers.c */
 /* Room in the heap for this many QPs: 0 when it cannot be had. */
