@@ -6,8 +6,8 @@ Run a server on one host and a client on the other, as with ib_write_bw:
     shift-perf write_bw -d mlx5_0 198.18.0.10     # client: the server's device address
 
 Besides the verbs test, the same run measures a plain TCP stream and a plain TCP ping-pong between the same
-two addresses (same netdevs, same namespaces), so every row carries its ratio to what the machine can do:
-bandwidth / raw stream bandwidth, latency / raw ping-pong half round trip. The client prints the table.
+two addresses (same netdevs, same namespaces), in C, so every row carries its ratio to what the machine can
+do: bandwidth / raw stream bandwidth, latency / raw ping-pong half round trip. The client prints the table.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from libshift.core import _core
 from libshift.device import find_device
 from libshift.gid import ipv4_of_gid
 from libshift.netns import NetnsError, in_netns
@@ -193,35 +194,14 @@ def pingpong(test: str, side: Side, peer: dict[str, Any], size: int, iters: int,
 
 
 def raw_stream(sock: socket.socket, total: int, sending: bool) -> float:
-    """A plain TCP stream of `total` bytes in RAW_CHUNK writes; bytes/s as the sender sees it, acked."""
-    buf = memoryview(bytearray(RAW_CHUNK))
-    start = time.perf_counter()
-    if sending:
-        for _ in range(total // RAW_CHUNK):
-            sock.sendall(buf)
-        sock.recv(1)
-    else:
-        left = total
-        while left:
-            got = sock.recv_into(buf[: min(left, RAW_CHUNK)])
-            if not got:
-                raise ConnectionError("raw stream closed early")
-            left -= got
-        sock.sendall(b"k")
-    return total / (time.perf_counter() - start)
+    """A plain TCP stream of `total` bytes in RAW_CHUNK writes; bytes/s as the sender sees it, acked.
+    In C (libshift.core), as iperf3's: the baseline is the machine's TCP, not the interpreter."""
+    return _core.raw_stream(sock.fileno(), total, RAW_CHUNK, sending)
 
 
 def raw_pingpong(sock: socket.socket, iters: int, first: bool) -> float:
-    """Half round trip of 8-byte messages over a plain TCP socket (TCP_NODELAY)."""
-    msg, buf = b"x" * 8, bytearray(8)
-    start = time.perf_counter()
-    for _ in range(iters):
-        if first:
-            sock.sendall(msg)
-        sock.recv_into(buf, 8, socket.MSG_WAITALL)
-        if not first:
-            sock.sendall(msg)
-    return (time.perf_counter() - start) / (2 * iters)
+    """Half round trip of 8-byte messages over a plain TCP socket (TCP_NODELAY), in C as qperf's."""
+    return _core.raw_pingpong(sock.fileno(), 8, iters, first)
 
 
 def sizes(args: argparse.Namespace) -> list[int]:

@@ -410,3 +410,25 @@ cdef class QP(Guarded):
         self.quiesce()
         if not self.ctx.closed:
             c.sc_qp_free(self.ptr)
+
+
+def raw_pingpong(int fd, uint32_t size, uint32_t iters, bint first):
+    """Half round trip (s) of `iters` ping-pongs of `size` bytes on a connected blocking TCP socket, in C
+    with the interpreter lock released (shift-perf's baseline)."""
+    cdef double half
+    with nogil:
+        half = c.sc_raw_pingpong(fd, size, iters, first)
+    if half < 0:
+        raise OSError("raw ping-pong: the socket failed")
+    return half
+
+
+def raw_stream(int fd, uint64_t total, uint32_t chunk, bint sending):
+    """Bytes/s of a `total`-byte TCP stream in `chunk`-byte writes, as the sender sees it (shift-perf's
+    baseline), in C with the interpreter lock released."""
+    cdef double rate
+    with nogil:
+        rate = c.sc_raw_stream(fd, total, chunk, sending)
+    if rate < 0:
+        raise OSError("raw stream: the socket failed")
+    return rate

@@ -81,4 +81,5 @@ cdef extern from "shift_core.h" nogil:
     sc_post_error sc_qp_post_send(sc_qp *qp, const sc_send_wr *wrs, int n, int *posted)
     sc_post_error sc_qp_post_recv(sc_qp *qp, const sc_recv_wr *wrs, int n, int *posted)
     void sc_qp_free(sc_qp *qp)
-
+    double sc_raw_pingpong(int fd, uint32_t size, uint32_t iters, int first)
+    double sc_raw_stream(int fd, uint64_t total, uint32_t chunk, int sending)

@@ -130,6 +130,7 @@ static void *run(void *arg) {
             if (look < until) until = look;
         }
         ctx->sleep_until = until;
+        ctx->parked = parked;
         pthread_mutex_unlock(&ctx->lock);
         int woken = 0, sockets = 0;
         if (parked) {
@@ -144,6 +145,7 @@ static void *run(void *arg) {
         }
         pthread_mutex_lock(&ctx->lock);
         ctx->sleep_until = 0;
+        ctx->parked = 0;
         if (woken) {
             uint64_t count;
             while (read(ctx->wakefd, &count, sizeof count) < 0 && errno == EINTR) {

@@ -204,6 +204,7 @@ struct sc_ctx {
     int pfd;    /* the progress thread's wait: epfd and wakefd */
     int stopping;
     int64_t sleep_until; /* when the progress thread's wait ends by itself (0: not waiting) */
+    int parked;          /* its wait is a parked one: it looks at the timers again within SC_DRIVE_GRACE_NS */
     /* callers driving progress (engine.c): blocking waits under way, and the last pass a caller made */
     uint32_t drivers;
     int64_t last_drive;
@@ -233,8 +234,7 @@ void sc_watch_del(struct sc_ctx *ctx, int fd, uint64_t watch);
 void sc_engine_wake(struct sc_ctx *ctx);
 /* A non-blocking pass on a caller's thread, which parks the progress thread for SC_DRIVE_GRACE_NS. */
 void sc_drive(struct sc_ctx *ctx);
-/* Whether a caller drives progress now (the progress thread is parked; timers fire on callers' passes or,
- * at the latest, SC_DRIVE_GRACE_NS late). */
+/* Whether a caller drives progress now (the progress thread parks as soon as it looks). */
 int sc_driven(const struct sc_ctx *ctx, int64_t now);
 
 /* timers.c */

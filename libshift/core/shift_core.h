@@ -127,4 +127,11 @@ enum sc_post_error sc_qp_post_send(sc_qp *qp, const struct sc_send_wr *wrs, int 
 enum sc_post_error sc_qp_post_recv(sc_qp *qp, const struct sc_recv_wr *wrs, int n, int *posted);
 void sc_qp_free(sc_qp *qp);
 
+/* Baselines (baseline.c): plain TCP on a connected blocking socket, none of the above. The half round
+ * trip in seconds of iters size-byte ping-pongs (first: this side sends first); a stream of total bytes in
+ * chunk-byte writes, in bytes/s as the sender sees it once the receiver has said it got them all. Both
+ * -1 when the socket failed. */
+double sc_raw_pingpong(int fd, uint32_t size, uint32_t iters, int first);
+double sc_raw_stream(int fd, uint64_t total, uint32_t chunk, int sending);
+
 #endif
