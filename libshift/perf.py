@@ -108,12 +108,10 @@ class Side:
         empty CQ makes a pass, a channel wait waits on the sockets (docs/core.md, Speed)."""
         got: list[Any] = []
         while len(got) < minimum:
+            if not self.busy_poll:
+                self.cq.req_notify()  # armed before the poll, which catches what came before: one poll a wait
             got += self.cq.poll(DEPTH)[1]
-            if len(got) >= minimum or self.busy_poll:
-                break
-            self.cq.req_notify()
-            got += self.cq.poll(DEPTH)[1]
-            if len(got) < minimum:
+            if len(got) < minimum and not self.busy_poll:
                 try:
                     self.channel.get_cq_event(timeout=30)
                 except TimeoutError:

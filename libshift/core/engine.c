@@ -196,6 +196,7 @@ void sc_ctx_free(sc_ctx *ctx) {
     pthread_join(ctx->thread, NULL);
     sc_qp_free_all(ctx);
     sc_conn_reap(ctx);
+    sc_frames_free_spare(ctx);
     sc_cq_free_all(ctx);
     sc_mr_free_all(ctx);
     close(ctx->epfd);
