@@ -215,10 +215,9 @@ cdef class Channel(Guarded):
                     got = c.sc_chan_wait(self.ptr, ms, drive, &cookie)
                 if got == 1:
                     return cookie
-                if got == 2 or (end is not None and monotonic() >= end):
+                if got != 3:  # woken, or the time is up
                     return None
-                if got == 3:
-                    drive = False
+                drive = False
             return None
         finally:
             self.ctx.leave()

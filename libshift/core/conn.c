@@ -87,6 +87,8 @@ static void release_targets(struct sc_conn *conn) {
 void sc_conn_close(struct sc_conn *conn) {
     if (conn->closed) return;
     conn->closed = 1;
+    if (conn->want_write) conn->ctx->writers--;
+    conn->want_write = 0;
     sc_watch_del(conn->ctx, conn->fd, conn->watch);
     close(conn->fd);
     release_targets(conn);
@@ -126,8 +128,13 @@ static void broken(struct sc_conn *conn) {
 
 static void set_want_write(struct sc_conn *conn, int want) {
     if (want != conn->want_write && !conn->closed) {
+        struct sc_ctx *ctx = conn->ctx;
         conn->want_write = want;
-        sc_watch_mod(conn->ctx, conn->fd, conn->watch, want);
+        ctx->writers += want ? 1 : -1;
+        sc_watch_mod(ctx, conn->fd, conn->watch, want);
+        /* a parked thread would leave the rest to a caller who is busy elsewhere (only a blocking wait
+         * sends on by itself): the thread sends while the caller works, as a NIC would */
+        if (want && ctx->parked && !ctx->drivers) sc_engine_wake(ctx);
     }
 }
 

@@ -116,41 +116,45 @@ int sc_chan_take(sc_chan *chan, uint64_t *cookie) {
 
 int sc_chan_wait(sc_chan *chan, int timeout_ms, int drive, uint64_t *cookie) {
     struct sc_ctx *ctx = chan->ctx;
+    int64_t now = sc_now(), idle = (int64_t)SC_DRIVE_IDLE_MS * 1000000;
+    int64_t end = timeout_ms < 0 ? INT64_MAX : now + (int64_t)timeout_ms * 1000000, idle_end = now + idle;
+    struct pollfd fds[2] = {{.fd = chan->fd, .events = POLLIN}, {.fd = ctx->epfd, .events = POLLIN}};
     pthread_mutex_lock(&ctx->lock);
     int got = chan_take(chan, cookie);
-    if (got) {
-        pthread_mutex_unlock(&ctx->lock);
-        return got;
-    }
-    struct pollfd fds[2] = {{.fd = chan->fd, .events = POLLIN}, {.fd = ctx->epfd, .events = POLLIN}};
-    int timeout = timeout_ms, capped = 0;
-    if (drive) { /* no longer than the first timer (this thread fires it) and the idle limit */
-        int64_t due = sc_timers_first(ctx), now = sc_now();
-        if (timeout < 0 || timeout > SC_DRIVE_IDLE_MS) {
-            timeout = SC_DRIVE_IDLE_MS;
-            capped = 1;
-        }
-        if (due) {
-            int64_t ms = due <= now ? 0 : (due - now + 999999) / 1000000;
-            if (ms < timeout) {
-                timeout = (int)ms;
-                capped = 0;
+    while (!got && (now = sc_now()) < end) {
+        /* output waiting for room in a socket is the progress thread's (it sends while this caller
+         * works); otherwise this thread waits on the sockets too, no longer than the first timer (it
+         * fires it) and the idle limit */
+        int driving = drive && !ctx->writers;
+        int64_t until = end;
+        if (driving) {
+            if (now >= idle_end) {
+                got = 3;
+                break;
             }
+            int64_t due = sc_timers_first(ctx);
+            if (idle_end < until) until = idle_end;
+            if (due && due < until) until = due;
+            ctx->drivers++;
         }
-        ctx->drivers++;
+        int timeout = until == INT64_MAX ? -1 : until <= now ? 0 : (int)((until - now + 999999) / 1000000);
+        pthread_mutex_unlock(&ctx->lock);
+        int ready = poll(fds, driving ? 2 : 1, timeout);
+        pthread_mutex_lock(&ctx->lock);
+        if (driving) {
+            ctx->drivers--;
+            ctx->passing_chan = chan;
+            sc_drive(ctx);
+            ctx->passing_chan = NULL;
+            if (ready > 0 && fds[1].revents) idle_end = sc_now() + idle;
+        } else if (drive) {
+            idle_end = sc_now() + idle;
+        }
+        got = chan_take(chan, cookie);
     }
+    if (drive && ctx->writers && ctx->parked) sc_engine_wake(ctx); /* the rest is the thread's to send */
     pthread_mutex_unlock(&ctx->lock);
-    int ready = poll(fds, drive ? 2 : 1, timeout);
-    pthread_mutex_lock(&ctx->lock);
-    if (drive) {
-        ctx->drivers--;
-        ctx->passing_chan = chan;
-        sc_drive(ctx);
-        ctx->passing_chan = NULL;
-    }
-    got = chan_take(chan, cookie);
-    pthread_mutex_unlock(&ctx->lock);
-    return !got && drive && capped && ready == 0 ? 3 : got;
+    return got;
 }
 
 void sc_chan_wake(sc_chan *chan) {

@@ -6,7 +6,8 @@
  * wait waits on the sockets itself, so the thread that wants the data reads it, with no hand-off between
  * threads. While callers drive like this the progress thread is parked: it waits on its wake-up eventfd
  * alone, for SC_DRIVE_GRACE_NS after the last caller's pass (looking at timers when it ends), so that it
- * neither races the caller for the frame nor costs a wake-up per message. An epoll entry names a watch
+ * neither races the caller for the frame nor costs a wake-up per message. Output that waits for room in
+ * a socket unparks it unless a blocking wait is under way: it sends while the caller works. An epoll entry names a watch
  * slot with a generation, never a pointer, so an event that arrives for a connection closed in the
  * meantime is recognised and dropped.
  */
@@ -124,7 +125,7 @@ static void *run(void *arg) {
     pthread_mutex_lock(&ctx->lock);
     while (!ctx->stopping) {
         int64_t now = sc_now(), due = sc_timers_first(ctx), until = due ? due : INT64_MAX;
-        int parked = sc_driven(ctx, now);
+        int parked = sc_driven(ctx, now) && (ctx->drivers || !ctx->writers);
         if (parked) { /* a blocked waiter: look again now and then; a busy poller: when its grace ends */
             int64_t look = (ctx->drivers ? now : ctx->last_drive) + SC_DRIVE_GRACE_NS;
             if (look < until) until = look;

@@ -220,6 +220,7 @@ struct sc_ctx {
     /* callers driving progress (engine.c): blocking waits under way, and the last pass a caller made */
     uint32_t drivers;
     int64_t last_drive;
+    uint32_t writers; /* connections waiting for room in their socket: the thread sends while callers work */
     struct sc_chan *passing_chan; /* the channel whose waiter is making the pass under way, if any */
     uint64_t failures;
     uint32_t next_pd;

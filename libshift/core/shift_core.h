@@ -92,10 +92,10 @@ sc_chan *sc_chan_new(sc_ctx *ctx);
 int sc_chan_fd(const sc_chan *chan);
 /* 1 and the CQ's cookie: an event; 2: woken by sc_chan_wake; 0: nothing now. */
 int sc_chan_take(sc_chan *chan, uint64_t *cookie);
-/* sc_chan_take after waiting up to timeout_ms (-1: no limit) for the channel to turn readable. With drive
- * set the caller's thread waits on the context's sockets too and makes the passes itself (the progress
- * thread stays parked), for at most a short while: 0 then means ask again, and 3 that nothing moved for
- * that while (wait on without drive, the progress thread's again). Returns early (0) now and then. */
+/* sc_chan_take after waiting up to timeout_ms (-1: no limit) for it to say something (0: the time is up).
+ * With drive set the caller's thread waits on the context's sockets too and makes the passes itself (the
+ * progress thread stays parked) until they have been idle for SC_DRIVE_IDLE_MS: 3 then says wait on
+ * without drive, the progress thread's again. */
 int sc_chan_wait(sc_chan *chan, int timeout_ms, int drive, uint64_t *cookie);
 void sc_chan_wake(sc_chan *chan);
 void sc_chan_free(sc_chan *chan);
