@@ -411,15 +411,20 @@ cdef class QP:
             c.sc_qp_free(self.ptr)
 
 
+cdef double measured(double value, str what) except -1:
+    """A baseline's figure, or OSError: the C side says -1 when the socket failed."""
+    if value < 0:
+        raise OSError(f"{what}: the socket failed")
+    return value
+
+
 def raw_pingpong(int fd, uint32_t size, uint32_t iters, bint first):
     """Half round trip (s) of `iters` ping-pongs of `size` bytes on a connected blocking TCP socket, in C
     with the interpreter lock released (shift-perf's baseline)."""
     cdef double half
     with nogil:
         half = c.sc_raw_pingpong(fd, size, iters, first)
-    if half < 0:
-        raise OSError("raw ping-pong: the socket failed")
-    return half
+    return measured(half, "raw ping-pong")
 
 
 def raw_stream(int fd, uint64_t total, uint32_t chunk, bint sending):
@@ -428,6 +433,4 @@ def raw_stream(int fd, uint64_t total, uint32_t chunk, bint sending):
     cdef double rate
     with nogil:
         rate = c.sc_raw_stream(fd, total, chunk, sending)
-    if rate < 0:
-        raise OSError("raw stream: the socket failed")
-    return rate
+    return measured(rate, "raw stream")

@@ -100,18 +100,44 @@ static int wait_wc(sc_cq *cq, struct sc_wc *wc) {
     return 0;
 }
 
-static void test_a_connected_pair(void) {
+/* Two contexts joined by a socketpair, a QP in RTS on each: a's CQ plain, b's on a channel (cookie 2). */
+struct duo {
+    sc_ctx *ca, *cb;
+    sc_pd *pa, *pb;
+    sc_chan *chan;
+    sc_cq *qa, *qb;
+    sc_mr *ra, *rb;
+    sc_qp *a, *b;
+};
+
+static struct duo duo_new(uint8_t *ma, uint64_t la, uint8_t *mb, uint64_t lb, uint32_t b_access) {
+    struct duo d;
     int fds[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds) == 0);
-    sc_ctx *ca = sc_ctx_new(), *cb = sc_ctx_new();
-    sc_pd *pa = sc_pd_new(ca), *pb = sc_pd_new(cb);
-    sc_chan *chan = sc_chan_new(cb);
-    sc_cq *qa = sc_cq_new(ca, 64, NULL, 1), *qb = sc_cq_new(cb, 64, chan, 2);
+    d.ca = sc_ctx_new();
+    d.cb = sc_ctx_new();
+    d.pa = sc_pd_new(d.ca);
+    d.pb = sc_pd_new(d.cb);
+    d.chan = sc_chan_new(d.cb);
+    d.qa = sc_cq_new(d.ca, 64, NULL, 1);
+    d.qb = sc_cq_new(d.cb, 64, d.chan, 2);
+    d.ra = sc_mr_reg(d.pa, ma, la, ACCESS_LOCAL_WRITE);
+    d.rb = sc_mr_reg(d.pb, mb, lb, b_access);
+    d.a = qp_on_fd(d.pa, d.qa, fds[0], 1, 2);
+    d.b = qp_on_fd(d.pb, d.qb, fds[1], 2, 1);
+    return d;
+}
+
+static void test_a_connected_pair(void) {
     static uint8_t ma[4096], mb[4096];
-    sc_mr *ra = sc_mr_reg(pa, ma, sizeof ma, ACCESS_LOCAL_WRITE);
-    sc_mr *rb = sc_mr_reg(pb, mb, sizeof mb, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ |
-                                                 ACCESS_REMOTE_ATOMIC);
-    sc_qp *a = qp_on_fd(pa, qa, fds[0], 1, 2), *b = qp_on_fd(pb, qb, fds[1], 2, 1);
+    struct duo d = duo_new(ma, sizeof ma, mb, sizeof mb,
+                           ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC);
+    sc_ctx *ca = d.ca, *cb = d.cb;
+    sc_pd *pa = d.pa;
+    sc_chan *chan = d.chan;
+    sc_cq *qa = d.qa, *qb = d.qb;
+    sc_mr *ra = d.ra, *rb = d.rb;
+    sc_qp *a = d.a, *b = d.b;
     memcpy(ma, "hello", 5);
     struct sc_sge sa = {(uint64_t)(uintptr_t)ma, 5, sc_mr_lkey(ra)}, sb = {(uint64_t)(uintptr_t)mb, 64,
                                                                            sc_mr_lkey(rb)};
@@ -180,18 +206,15 @@ static int timed_wait(sc_chan *chan, int timeout_ms, int drive, double *took) {
 
 static void test_a_wait_makes_its_own_completion(void) {
     /* the waiting thread reads the frame itself: the event its own pass queued took no eventfd write; a
-     * list of small sends goes out gathered, in order; a wait with nothing to come ends at its time, a
-     * woken one at once */
-    int fds[2];
-    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds) == 0);
-    sc_ctx *ca = sc_ctx_new(), *cb = sc_ctx_new();
-    sc_pd *pa = sc_pd_new(ca), *pb = sc_pd_new(cb);
-    sc_chan *chan = sc_chan_new(cb);
-    sc_cq *qa = sc_cq_new(ca, 64, NULL, 1), *qb = sc_cq_new(cb, 64, chan, 2);
+     * list of small sends lands in order; a wait with nothing to come ends at its time, a woken one at
+     * once */
     static uint8_t ma[64], mb[64];
-    sc_mr *ra = sc_mr_reg(pa, ma, sizeof ma, ACCESS_LOCAL_WRITE);
-    sc_mr *rb = sc_mr_reg(pb, mb, sizeof mb, ACCESS_LOCAL_WRITE);
-    sc_qp *a = qp_on_fd(pa, qa, fds[0], 1, 2), *b = qp_on_fd(pb, qb, fds[1], 2, 1);
+    struct duo d = duo_new(ma, sizeof ma, mb, sizeof mb, ACCESS_LOCAL_WRITE);
+    sc_ctx *ca = d.ca, *cb = d.cb;
+    sc_chan *chan = d.chan;
+    sc_cq *qb = d.qb;
+    sc_mr *ra = d.ra, *rb = d.rb;
+    sc_qp *a = d.a, *b = d.b;
     struct sc_sge sb[3];
     struct sc_recv_wr rwr[3];
     for (int i = 0; i < 3; i++) {
