@@ -3,8 +3,9 @@
 Builds two network namespaces joined by a veth pair (prefix `lt`), runs `shift-perf` as a server in one and
 as a client in the other for write_bw, send_bw, read_bw (64 KiB and 1 MiB) and send_lat (8 B), and prints one
 table in which every row carries its ratio to a raw TCP stream / raw TCP ping-pong over the same veth,
-measured in the same run. Targets: WRITE and SEND at 1 MiB >= 0.8 of the raw stream; 8-byte SEND latency
-<= 2x the raw ping-pong half round trip.
+measured in the same run by shift-perf in C (libshift/core/baseline.c). Targets: WRITE and SEND at 1 MiB
+>= 0.8 of the raw stream; 8-byte SEND latency <= 2x the raw ping-pong half round trip. shift-perf waits on
+the completion channel (its default); the machine's other load counts, so compare ratios of one run.
 
 The peers' own tools run on the same veth in the same run, before and after shift-perf (bench/peer_tools.py):
 `qperf tcp_lat` (8 B), `qperf tcp_bw` and `iperf3`'s single stream (1 MiB writes). A second table gives

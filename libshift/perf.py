@@ -6,8 +6,8 @@ Run a server on one host and a client on the other, as with ib_write_bw:
     shift-perf write_bw -d mlx5_0 198.18.0.10     # client: the server's device address
 
 Besides the verbs test, the same run measures a plain TCP stream and a plain TCP ping-pong between the same
-two addresses (same netdevs, same namespaces), so every row carries its ratio to what the machine can do:
-bandwidth / raw stream bandwidth, latency / raw ping-pong half round trip. The client prints the table.
+two addresses (same netdevs, same namespaces), in C, so every row carries its ratio to what the machine can
+do: bandwidth / raw stream bandwidth, latency / raw ping-pong half round trip. The client prints the table.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from libshift.core import _core
 from libshift.device import find_device
 from libshift.gid import ipv4_of_gid
 from libshift.netns import NetnsError, in_netns
@@ -81,7 +82,8 @@ class Control:
 class Side:
     """This host's verbs resources for one test: a QP, one MR of the largest size, a CQ with a channel."""
 
-    def __init__(self, ctx: Context, mr_size: int) -> None:
+    def __init__(self, ctx: Context, mr_size: int, busy_poll: bool = False) -> None:
+        self.busy_poll = busy_poll
         self.pd = PD(ctx)
         self.channel = CompChannel(ctx)
         self.cq = CQ(ctx, 4 * DEPTH + 16, channel=self.channel)
@@ -101,16 +103,15 @@ class Side:
         return peer
 
     def wait(self, minimum: int = 1) -> list[Any]:
-        """At least `minimum` completions, sleeping on the completion channel (perftest's -e): busy-polling
-        from Python would keep the interpreter lock from the progress thread; any error ends the run."""
+        """At least `minimum` completions, sleeping on the completion channel (perftest's -e) unless
+        busy_poll; any error ends the run. Either way this thread reads the sockets itself: a poll of an
+        empty CQ makes a pass, a channel wait waits on the sockets (docs/core.md, Speed)."""
         got: list[Any] = []
         while len(got) < minimum:
+            if not self.busy_poll:
+                self.cq.req_notify()  # armed before the poll, which catches what came before: one poll a wait
             got += self.cq.poll(DEPTH)[1]
-            if len(got) >= minimum:
-                break
-            self.cq.req_notify()
-            got += self.cq.poll(DEPTH)[1]
-            if len(got) < minimum:
+            if len(got) < minimum and not self.busy_poll:
                 try:
                     self.channel.get_cq_event(timeout=30)
                 except TimeoutError:
@@ -167,73 +168,38 @@ def server_send_bw(side: Side, size: int, iters: int) -> None:
 
 
 def pingpong(test: str, side: Side, peer: dict[str, Any], size: int, iters: int, first: bool) -> float:
-    """Half round trip: each side answers the other's message; write_lat uses WRITE_WITH_IMM so that the
-    receiver learns of the write from a completion instead of spinning on memory (which would starve the
-    progress thread of the interpreter lock)."""
+    """Half round trip: each side answers the other's message. The same two work requests are posted again
+    and again, as perftest does (building one is the application's cost, not the transport's); write_lat
+    uses WRITE_WITH_IMM so that the receiver learns of the write from a completion, not by reading memory."""
     op = e.IBV_WR_SEND if test == "send_lat" else e.IBV_WR_RDMA_WRITE_WITH_IMM
     flags = e.IBV_SEND_INLINE if size <= 64 else 0
-
-    def answer(n: int) -> None:
-        side.qp.post_send(
-            SendWR(
-                wr_id=n,
-                opcode=op,
-                sg=side.sge(size),
-                send_flags=flags,
-                remote_addr=peer["addr"],
-                rkey=peer["rkey"],
-            )
-        )
-
-    def arrival() -> None:
-        while not any(wc.opcode & e.IBV_WC_RECV for wc in side.wait()):
-            pass
-
-    # Receives span the whole MR: the one left posted at the end of a size step must hold the
+    send = SendWR(opcode=op, sg=side.sge(size), send_flags=flags, remote_addr=peer["addr"], rkey=peer["rkey"])
+    # The receive spans the whole MR: the one left posted at the end of a size step must hold the
     # larger messages of the next step (-a), as a perftest receive buffer does.
-    whole = side.sge(side.mr.length)
-    side.qp.post_recv(RecvWR(wr_id=0, sg=whole))
+    recv = RecvWR(sg=side.sge(side.mr.length))
+    post_send, post_recv, wait = side.qp.post_send, side.qp.post_recv, side.wait
+    post_recv(recv)
     start = time.perf_counter()
-    for n in range(iters):
+    for _ in range(iters):
         if first:
-            answer(n)
-        side.qp.post_recv(RecvWR(wr_id=n + 1, sg=whole))
-        arrival()
+            post_send(send)
+        post_recv(recv)
+        while not any(wc.opcode & e.IBV_WC_RECV for wc in wait()):
+            pass
         if not first:
-            answer(n)
+            post_send(send)
     return (time.perf_counter() - start) / (2 * iters)
 
 
 def raw_stream(sock: socket.socket, total: int, sending: bool) -> float:
-    """A plain TCP stream of `total` bytes in RAW_CHUNK writes; bytes/s as the sender sees it, acked."""
-    buf = memoryview(bytearray(RAW_CHUNK))
-    start = time.perf_counter()
-    if sending:
-        for _ in range(total // RAW_CHUNK):
-            sock.sendall(buf)
-        sock.recv(1)
-    else:
-        left = total
-        while left:
-            got = sock.recv_into(buf[: min(left, RAW_CHUNK)])
-            if not got:
-                raise ConnectionError("raw stream closed early")
-            left -= got
-        sock.sendall(b"k")
-    return total / (time.perf_counter() - start)
+    """A plain TCP stream of `total` bytes in RAW_CHUNK writes; bytes/s as the sender sees it, acked.
+    In C (libshift.core), as iperf3's: the baseline is the machine's TCP, not the interpreter."""
+    return _core.raw_stream(sock.fileno(), total, RAW_CHUNK, sending)
 
 
 def raw_pingpong(sock: socket.socket, iters: int, first: bool) -> float:
-    """Half round trip of 8-byte messages over a plain TCP socket (TCP_NODELAY)."""
-    msg, buf = b"x" * 8, bytearray(8)
-    start = time.perf_counter()
-    for _ in range(iters):
-        if first:
-            sock.sendall(msg)
-        sock.recv_into(buf, 8, socket.MSG_WAITALL)
-        if not first:
-            sock.sendall(msg)
-    return (time.perf_counter() - start) / (2 * iters)
+    """Half round trip of 8-byte messages over a plain TCP socket (TCP_NODELAY), in C as qperf's."""
+    return _core.raw_pingpong(sock.fileno(), 8, iters, first)
 
 
 def sizes(args: argparse.Namespace) -> list[int]:
@@ -298,7 +264,7 @@ def session(
     raw_total = 512 << 20
     stream_bw = raw_stream(raw, raw_total, sending=client)
     half_rtt = raw_pingpong(raw, 5000, first=client)
-    side = Side(ctx, max(plan["sizes"]))
+    side = Side(ctx, max(plan["sizes"]), busy_poll=args.busy_poll)
     rows = []
     try:
         peer = side.connect(ctrl)
@@ -353,6 +319,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-a", "--all", action="store_true", help="all sizes from 8 B to 4 MiB")
     p.add_argument("-n", "--iters", type=int, default=0, help="iterations per size (default: by size)")
     p.add_argument("-p", "--port", type=int, default=18515, help="control port (default 18515)")
+    p.add_argument(
+        "--busy-poll", action="store_true", help="poll the CQ in a loop instead of sleeping on its channel"
+    )
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     return p
 

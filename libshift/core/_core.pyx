@@ -5,9 +5,10 @@ The C side only ever sees pointers and numbers. What keeps Python objects alive 
 buffer it registered (a Py_buffer export, so a bytearray cannot be resized under the transport) until the
 core says nothing uses the memory any more; an MR still busy when closed waits in its context's graveyard.
 Every object holds its Context and does nothing once the context is closed, since sc_ctx_free has freed it.
-A QP, CQ or channel may be closed while another thread is inside a call on it with the interpreter lock
-released (Guarded): the close waits for that call to leave before it frees, and later calls are refused
-(a post raises VerbsRDMAError, a poll finds nothing, a wait ends): never a freed pointer in use.
+The interpreter lock is released only around the calls that block (a channel wait, closing a context), so a
+post or a poll cannot overlap a close. A channel or its context may be closed while another thread waits
+on it (Guarded): the close waits for that wait to leave before it frees, and later calls are refused (a
+post raises VerbsRDMAError, a poll finds nothing, a wait ends): never a freed pointer in use.
 """
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
@@ -17,6 +18,7 @@ from libc.stdlib cimport free, malloc
 cimport libshift.core.cshift as c
 
 from enum import IntEnum
+from time import monotonic
 
 from libshift.vocabulary.enums import ibv_qp_state, ibv_wc_opcode, ibv_wc_status
 from libshift.vocabulary.errors import VerbsRDMAError
@@ -27,6 +29,8 @@ POST_OK, POST_STATE, POST_QUEUE_FULL, POST_OPCODE, POST_SGES, POST_INLINE, POST_
 _STATUS = {int(s): s for s in ibv_wc_status}
 _OPCODE = {int(o): o for o in ibv_wc_opcode}
 DEF POLL_BATCH = 64
+DEF STACK_WRS = 4  # a post of at most this many WRs and STACK_SGES SGEs needs no malloc
+DEF STACK_SGES = 16
 
 
 cdef extern from "<sched.h>" nogil:
@@ -57,9 +61,9 @@ cdef class Guarded:
                 sched_yield()
 
 
-cdef class Context:
+cdef class Context(Guarded):
+    """Guarded too: a channel wait reads the context's sockets, so closing waits for the waits to end."""
     cdef c.sc_ctx *ptr
-    cdef public bint closed
     cdef list graveyard  # MRs closed while a transfer still used their memory
 
     def __cinit__(self):
@@ -71,8 +75,7 @@ cdef class Context:
     def progress(self):
         """One non-blocking pass of progress on this thread."""
         if not self.closed:
-            with nogil:
-                c.sc_ctx_progress(self.ptr)
+            c.sc_ctx_progress(self.ptr)
 
     @property
     def failures(self):
@@ -85,7 +88,9 @@ cdef class Context:
     def close(self):
         if self.closed:
             return
-        self.closed = True
+        with nogil:
+            c.sc_ctx_wake_waiters(self.ptr)  # channel waits return, see `closed` and leave
+        self.quiesce()
         with nogil:
             c.sc_ctx_free(self.ptr)
         for mr in self.graveyard:
@@ -189,34 +194,34 @@ cdef class Channel(Guarded):
 
     def wait(self, timeout):
         """The cookie of the next armed CQ that got a completion; None when woken or after timeout s.
-        The interpreter lock is released while it waits on the channel's eventfd."""
+        The interpreter lock is released while it waits; meanwhile this thread reads the context's
+        sockets itself (sc_chan_wait's drive), until they have been idle for a while."""
         cdef uint64_t cookie = 0
         cdef int got, ms
-        cdef c.pollfd pfd
-        import time
-        end = None if timeout is None else time.monotonic() + timeout
-        if self.ctx.closed or not self.enter():
+        cdef bint drive = True
+        end = None if timeout is None else monotonic() + timeout
+        if not self.enter():
+            return None
+        if not self.ctx.enter():
+            self.leave()
             return None
         try:
             while not self.ctx.closed and not self.closed:
-                got = c.sc_chan_take(self.ptr, &cookie)
-                if got == 1:
-                    return cookie
-                if got == 2:
-                    return None
                 if end is None:
                     ms = -1
                 else:
-                    left = end - time.monotonic()
-                    if left <= 0:
-                        return None
-                    ms = max(1, int(left * 1000 + 0.999))
-                pfd.fd = c.sc_chan_fd(self.ptr)
-                pfd.events = c.POLLIN
+                    left = end - monotonic()
+                    ms = max(0, int(left * 1000 + 0.999))
                 with nogil:
-                    c.poll(&pfd, 1, ms)
+                    got = c.sc_chan_wait(self.ptr, ms, drive, &cookie)
+                if got == 1:
+                    return cookie
+                if got != 3:  # woken, or the time is up
+                    return None
+                drive = False
             return None
         finally:
+            self.ctx.leave()
             self.leave()
 
     def wake(self):
@@ -233,9 +238,10 @@ cdef class Channel(Guarded):
             c.sc_chan_free(self.ptr)
 
 
-cdef class CQ(Guarded):
+cdef class CQ:
     cdef c.sc_cq *ptr
     cdef Context ctx
+    cdef bint closed
     cdef public uint32_t cqe
 
     def __cinit__(self, Context ctx, uint32_t cqe, Channel channel, uint64_t cookie):
@@ -250,15 +256,11 @@ cdef class CQ(Guarded):
         cdef c.sc_wc wcs[POLL_BATCH]
         cdef int got, i, want
         out = []
-        if self.ctx.closed or not self.enter():
+        if self.closed or self.ctx.closed:
             return out
         while True:
             want = max(0, min(num_entries, POLL_BATCH))  # poll(0) asks too: it makes progress, sees overflow
-            try:
-                with nogil:
-                    got = c.sc_cq_poll(self.ptr, want, wcs)
-            finally:
-                self.leave()
+            got = c.sc_cq_poll(self.ptr, want, wcs)
             if got < 0:
                 return None
             for i in range(got):
@@ -266,7 +268,7 @@ cdef class CQ(Guarded):
                 out.append(WC(w.wr_id, _STATUS.get(w.status, w.status), _OPCODE.get(w.opcode, w.opcode),
                               w.qp_num, w.byte_len, w.imm_data, w.wc_flags, w.src_qp))
             num_entries -= got
-            if got < want or num_entries <= 0 or not self.enter():
+            if got < want or num_entries <= 0:
                 return out
 
     def req_notify(self, bint solicited_only):
@@ -276,17 +278,18 @@ cdef class CQ(Guarded):
     def close(self):
         if self.closed:
             return
-        self.quiesce()
+        self.closed = True
         if not self.ctx.closed:
             c.sc_cq_free(self.ptr)
 
 
-cdef c.sc_sge *sge_array(list lists) except NULL:
-    """The SGEs of every WR's list, one after the other, in one malloc'd array (the caller frees it)."""
+cdef c.sc_sge *sge_array(list lists, c.sc_sge *stack) except NULL:
+    """The SGEs of every WR's list, one after the other: in `stack` (STACK_SGES long) when they fit, else in
+    one malloc'd array, which the caller frees."""
     cdef Py_ssize_t total = 0, k = 0
     for sges in lists:
         total += len(sges)
-    cdef c.sc_sge *cs = <c.sc_sge *>malloc(max(total, 1) * sizeof(c.sc_sge))
+    cdef c.sc_sge *cs = stack if total <= STACK_SGES else <c.sc_sge *>malloc(total * sizeof(c.sc_sge))
     if cs is NULL:
         raise MemoryError()
     for sges in lists:
@@ -296,9 +299,10 @@ cdef c.sc_sge *sge_array(list lists) except NULL:
     return cs
 
 
-cdef class QP(Guarded):
+cdef class QP:
     cdef c.sc_qp *ptr
     cdef Context ctx
+    cdef bint closed
     cdef uint32_t qpn
 
     def __cinit__(self, PD pd, CQ send_cq, CQ recv_cq, tuple cap, bint sq_sig_all, int listen_fd,
@@ -317,12 +321,6 @@ cdef class QP(Guarded):
 
     cdef int refuse_if_closed(self) except -1:
         if self.closed:
-            raise VerbsRDMAError(f"QP {self.qpn}: the QP is closed")
-        return 0
-
-    cdef int enter_or_refuse(self) except -1:
-        """Count a post in (Guarded.enter), or refuse it: the QP is closed."""
-        if not self.enter():
             raise VerbsRDMAError(f"QP {self.qpn}: the QP is closed")
         return 0
 
@@ -350,9 +348,11 @@ cdef class QP(Guarded):
     def post_send(self, wrs):
         """Post SendWRs in order: (POST_OK or why the next one was refused, how many were posted)."""
         cdef int n = len(wrs), i, k = 0, posted = 0, err
+        cdef c.sc_sge stack_sges[STACK_SGES]
+        cdef c.sc_send_wr stack_wrs[STACK_WRS]
         lists = [wr.sges() for wr in wrs]
-        cdef c.sc_sge *cs = sge_array(lists)
-        cdef c.sc_send_wr *cw = <c.sc_send_wr *>malloc(max(n, 1) * sizeof(c.sc_send_wr))
+        cdef c.sc_sge *cs = sge_array(lists, &stack_sges[0])
+        cdef c.sc_send_wr *cw = &stack_wrs[0] if n <= STACK_WRS else <c.sc_send_wr *>malloc(n * sizeof(c.sc_send_wr))
         try:
             if cw is NULL:
                 raise MemoryError()
@@ -370,21 +370,23 @@ cdef class QP(Guarded):
                 cw[i].num_sge = len(lists[i])
                 cw[i].sg = &cs[k]
                 k += cw[i].num_sge
-            self.enter_or_refuse()
-            with nogil:
-                err = c.sc_qp_post_send(self.ptr, cw, n, &posted)
-            self.leave()
+            self.refuse_if_closed()
+            err = c.sc_qp_post_send(self.ptr, cw, n, &posted)
         finally:
-            free(cw)
-            free(cs)
+            if cw != &stack_wrs[0]:
+                free(cw)
+            if cs != &stack_sges[0]:
+                free(cs)
         return err, posted
 
     def post_recv(self, wrs):
         """Post RecvWRs in order: (POST_OK or why the next one was refused, how many were posted)."""
         cdef int n = len(wrs), i, k = 0, posted = 0, err
+        cdef c.sc_sge stack_sges[STACK_SGES]
+        cdef c.sc_recv_wr stack_wrs[STACK_WRS]
         lists = [wr.sges() for wr in wrs]
-        cdef c.sc_sge *cs = sge_array(lists)
-        cdef c.sc_recv_wr *cw = <c.sc_recv_wr *>malloc(max(n, 1) * sizeof(c.sc_recv_wr))
+        cdef c.sc_sge *cs = sge_array(lists, &stack_sges[0])
+        cdef c.sc_recv_wr *cw = &stack_wrs[0] if n <= STACK_WRS else <c.sc_recv_wr *>malloc(n * sizeof(c.sc_recv_wr))
         try:
             if cw is NULL:
                 raise MemoryError()
@@ -393,21 +395,46 @@ cdef class QP(Guarded):
                 cw[i].num_sge = len(lists[i])
                 cw[i].sg = &cs[k]
                 k += cw[i].num_sge
-            self.enter_or_refuse()
-            with nogil:
-                err = c.sc_qp_post_recv(self.ptr, cw, n, &posted)
-            self.leave()
+            self.refuse_if_closed()
+            err = c.sc_qp_post_recv(self.ptr, cw, n, &posted)
         finally:
-            free(cw)
-            free(cs)
+            if cw != &stack_wrs[0]:
+                free(cw)
+            if cs != &stack_sges[0]:
+                free(cs)
         return err, posted
 
     def close(self):
         if self.closed:
             return
-        self.quiesce()
+        self.closed = True
         if not self.ctx.closed:
             c.sc_qp_free(self.ptr)
+
+
+cdef double measured(double value, str what) except -1:
+    """A baseline's figure, or OSError: the C side says -1 when the socket failed."""
+    if value < 0:
+        raise OSError(f"{what}: the socket failed")
+    return value
+
+
+def raw_pingpong(int fd, uint32_t size, uint32_t iters, bint first):
+    """Half round trip (s) of `iters` ping-pongs of `size` bytes on a connected blocking TCP socket, in C
+    with the interpreter lock released (shift-perf's baseline)."""
+    cdef double half
+    with nogil:
+        half = c.sc_raw_pingpong(fd, size, iters, first)
+    return measured(half, "raw ping-pong")
+
+
+def raw_stream(int fd, uint64_t total, uint32_t chunk, bint sending):
+    """Bytes/s of a `total`-byte TCP stream in `chunk`-byte writes, as the sender sees it (shift-perf's
+    baseline), in C with the interpreter lock released."""
+    cdef double rate
+    with nogil:
+        rate = c.sc_raw_stream(fd, total, chunk, sending)
+    return measured(rate, "raw stream")
 
 
 # The frame format (wire.h), for libshift.core.wire: the numbers and the packing are the core's own,

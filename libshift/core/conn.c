@@ -1,11 +1,14 @@
 /* One TCP stream of a QP: frames out with sendmsg, frames in parsed from the context's staging buffer.
  *
  * The connection knows framing only; what a frame means and where its payload goes is the QP's business
- * (sc_qp_on_header answers with the spans to place it into, straight into registered memory). Small
- * frames arrive many to a recv in the staging buffer and are copied out; a payload of SC_DIRECT bytes or
- * more is read by recv into its place. Every length comes from the network and is checked before use.
+ * (sc_qp_on_header answers with the spans to place it into, straight into registered memory). A frame
+ * goes out with one sendmsg, header and payload together, and small frames queued together share one.
+ * Small frames arrive many to a recv in the staging buffer and are copied out; a payload of SC_DIRECT
+ * bytes or more is read by recv into its place. Every length comes from the network and is checked
+ * before use.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -13,12 +16,25 @@
 
 #include "internal.h"
 
-struct sc_frame *sc_frame_new(const struct sc_hdr *hdr) {
-    struct sc_frame *frame = calloc(1, sizeof *frame);
-    if (!frame) return NULL;
+struct sc_frame *sc_frame_new(struct sc_ctx *ctx, const struct sc_hdr *hdr) {
+    struct sc_frame *frame = ctx->spare;
+    if (frame) {
+        ctx->spare = frame->next;
+        ctx->nspare--;
+        memset(frame, 0, offsetof(struct sc_frame, inline_store));
+    } else if (!(frame = calloc(1, sizeof *frame))) {
+        return NULL;
+    }
+    frame->ctx = ctx;
     sc_wire_pack(hdr, frame->hdr);
     frame->total = SC_WIRE_HEADER_SIZE;
     return frame;
+}
+
+uint8_t *sc_frame_inline(struct sc_frame *frame, uint32_t len) {
+    frame->inline_data = len <= SC_INLINE_BYTES ? frame->inline_store : malloc(len);
+    frame->inline_len = frame->inline_data ? len : 0;
+    return frame->inline_data;
 }
 
 void sc_frame_seal(struct sc_frame *frame) {
@@ -28,8 +44,24 @@ void sc_frame_seal(struct sc_frame *frame) {
 
 void sc_frame_free(struct sc_frame *frame) {
     sc_spans_release(&frame->payload);
-    free((void *)frame->inline_data);
-    free(frame);
+    if (frame->inline_data != frame->inline_store) free(frame->inline_data);
+    struct sc_ctx *ctx = frame->ctx;
+    if (ctx->nspare >= SC_SPARE_FRAMES) {
+        free(frame);
+        return;
+    }
+    frame->next = ctx->spare;
+    ctx->spare = frame;
+    ctx->nspare++;
+}
+
+void sc_frames_free_spare(struct sc_ctx *ctx) {
+    while (ctx->spare) {
+        struct sc_frame *frame = ctx->spare;
+        ctx->spare = frame->next;
+        free(frame);
+    }
+    ctx->nspare = 0;
 }
 
 struct sc_conn *sc_conn_new(struct sc_ctx *ctx, struct sc_qp *qp, int fd) {
@@ -55,6 +87,8 @@ static void release_targets(struct sc_conn *conn) {
 void sc_conn_close(struct sc_conn *conn) {
     if (conn->closed) return;
     conn->closed = 1;
+    if (conn->want_write) conn->ctx->writers--;
+    conn->want_write = 0;
     sc_watch_del(conn->ctx, conn->fd, conn->watch);
     close(conn->fd);
     release_targets(conn);
@@ -64,8 +98,14 @@ void sc_conn_close(struct sc_conn *conn) {
         sc_frame_free(frame);
     }
     conn->out_tail = NULL;
-    if (conn->cur) sc_frame_free(conn->cur);
-    conn->cur = NULL;
+    while (conn->send_head) {
+        struct sc_frame *frame = conn->send_head;
+        conn->send_head = frame->next;
+        sc_frame_free(frame);
+    }
+    conn->send_tail = NULL;
+    conn->send_count = 0;
+    conn->send_bytes = 0;
     conn->next_dead = conn->ctx->dead; /* freed at the end of the pass: callers up the stack still hold it */
     conn->ctx->dead = conn;
 }
@@ -88,8 +128,13 @@ static void broken(struct sc_conn *conn) {
 
 static void set_want_write(struct sc_conn *conn, int want) {
     if (want != conn->want_write && !conn->closed) {
+        struct sc_ctx *ctx = conn->ctx;
         conn->want_write = want;
-        sc_watch_mod(conn->ctx, conn->fd, conn->watch, want);
+        ctx->writers += want ? 1 : -1;
+        sc_watch_mod(ctx, conn->fd, conn->watch, want);
+        /* a parked thread would leave the rest to a caller who is busy elsewhere (only a blocking wait
+         * sends on by itself): the thread sends while the caller works, as a NIC would */
+        if (want && ctx->parked && !ctx->drivers) sc_engine_wake(ctx);
     }
 }
 
@@ -133,22 +178,60 @@ static int frame_iov(const struct sc_frame *frame, struct iovec *iov, int max) {
     return n;
 }
 
+/* The next frame to send: a queued response, else the requester's next request (none once closing). */
+static struct sc_frame *next_frame(struct sc_conn *conn) {
+    struct sc_frame *frame = conn->out_head;
+    if (frame) {
+        conn->out_head = frame->next;
+        if (!conn->out_head) conn->out_tail = NULL;
+        return frame;
+    }
+    return conn->closing ? NULL : sc_qp_next_request(conn->qp, conn);
+}
+
+/* Takes frames into the next sendmsg while they are few and small. */
+static void gather(struct sc_conn *conn) {
+    while (conn->send_count < SC_GATHER_FRAMES && conn->send_bytes < SC_GATHER_BYTES) {
+        struct sc_frame *frame = next_frame(conn);
+        if (!frame) return;
+        frame->next = NULL;
+        if (conn->send_tail) conn->send_tail->next = frame;
+        else conn->send_head = frame;
+        conn->send_tail = frame;
+        conn->send_count++;
+        conn->send_bytes += frame->total;
+    }
+}
+
+/* Frees the frames that `sent` bytes completed; the first left is partly sent. */
+static void retire(struct sc_conn *conn, uint64_t sent) {
+    conn->send_bytes -= sent;
+    while (sent && conn->send_head) {
+        struct sc_frame *frame = conn->send_head;
+        uint64_t rest = frame->total - frame->sent;
+        if (sent < rest) {
+            frame->sent += sent;
+            return;
+        }
+        sent -= rest;
+        conn->send_head = frame->next;
+        if (!conn->send_head) conn->send_tail = NULL;
+        conn->send_count--;
+        sc_frame_free(frame);
+    }
+}
+
 void sc_conn_pump(struct sc_conn *conn) {
     while (!conn->closed) {
-        if (!conn->cur) {
-            if (conn->out_head) {
-                conn->cur = conn->out_head;
-                conn->out_head = conn->cur->next;
-                if (!conn->out_head) conn->out_tail = NULL;
-            } else if (conn->closing) {
-                break;
-            } else {
-                conn->cur = sc_qp_next_request(conn->qp, conn);
-                if (!conn->cur) break;
-            }
-        }
-        struct iovec iov[1 + 64];
-        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)frame_iov(conn->cur, iov, 1 + 64)};
+        gather(conn);
+        if (!conn->send_head) break;
+        struct iovec iov[SC_GATHER_IOV];
+        int n = 0;
+        uint64_t offered = 0;
+        for (struct sc_frame *f = conn->send_head; f && n < SC_GATHER_IOV; f = f->next)
+            n += frame_iov(f, iov + n, SC_GATHER_IOV - n);
+        for (int i = 0; i < n; i++) offered += iov[i].iov_len;
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
         ssize_t sent = sendmsg(conn->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (sent < 0) {
             if (errno == EINTR) continue;
@@ -159,17 +242,15 @@ void sc_conn_pump(struct sc_conn *conn) {
             broken(conn);
             return;
         }
-        conn->cur->sent += (uint64_t)sent;
-        if (conn->cur->sent < conn->cur->total) {
+        retire(conn, (uint64_t)sent);
+        if ((uint64_t)sent < offered) { /* the socket's buffer is full: on when it is writable */
             set_want_write(conn, 1);
             return;
         }
-        sc_frame_free(conn->cur);
-        conn->cur = NULL;
     }
     if (conn->closed) return;
     set_want_write(conn, 0);
-    if (conn->closing && !conn->shut && !conn->cur && !conn->out_head) {
+    if (conn->closing && !conn->shut && !conn->send_head && !conn->out_head) {
         conn->shut = 1;
         if (shutdown(conn->fd, SHUT_WR) < 0) sc_conn_close(conn);
     }

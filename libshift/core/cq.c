@@ -2,9 +2,12 @@
  *
  * A CQ holds at most cqe completions; one more overflows it, as on an RNIC: it is unusable from then on
  * and the QP that pushed goes to ERR. An armed CQ reports once to its channel, whose eventfd then turns
- * readable, so a Python thread can wait on it with the interpreter lock released.
+ * readable, so a Python thread can wait on it with the interpreter lock released. A waiter in
+ * sc_chan_wait waits on the context's sockets too and makes the pass itself; an event its own pass
+ * queues needs no write to the eventfd (it takes the event before the lock is let go), others do.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -54,6 +57,12 @@ static void chan_put(struct sc_chan *chan) {
     free(chan);
 }
 
+static void chan_signal(struct sc_chan *chan) {
+    if (chan->signalled) return; /* readable already: a second write would wake nobody new */
+    signal_fd(chan->fd);
+    chan->signalled = 1;
+}
+
 static int chan_notify(struct sc_chan *chan, struct sc_cq *cq) {
     if (chan->count == chan->size) {
         uint32_t size = chan->size ? chan->size * 2 : 8;
@@ -68,14 +77,12 @@ static int chan_notify(struct sc_chan *chan, struct sc_cq *cq) {
     chan->events[(chan->head + chan->count) % chan->size] = cq;
     chan->count++;
     cq->refs++;
-    signal_fd(chan->fd);
+    if (chan->ctx->passing_chan != chan) chan_signal(chan);
     return 1;
 }
 
-int sc_chan_take(sc_chan *chan, uint64_t *cookie) {
-    struct sc_ctx *ctx = chan->ctx;
+static int chan_take(struct sc_chan *chan, uint64_t *cookie) {
     int got = 0;
-    pthread_mutex_lock(&ctx->lock);
     while (chan->count && !got) {
         struct sc_cq *cq = chan->events[chan->head];
         chan->head = (chan->head + 1) % chan->size;
@@ -90,7 +97,62 @@ int sc_chan_take(sc_chan *chan, uint64_t *cookie) {
         chan->woken = 0;
         got = 2;
     }
-    if (!chan->count) drain_fd(chan->fd); /* before the lock is let go: a later event signals again */
+    /* the eventfd is readable exactly while something waits to be taken; drained before the lock is
+     * let go, so a later event signals again */
+    if (chan->count || chan->woken) chan_signal(chan);
+    else if (chan->signalled) {
+        drain_fd(chan->fd);
+        chan->signalled = 0;
+    }
+    return got;
+}
+
+int sc_chan_take(sc_chan *chan, uint64_t *cookie) {
+    pthread_mutex_lock(&chan->ctx->lock);
+    int got = chan_take(chan, cookie);
+    pthread_mutex_unlock(&chan->ctx->lock);
+    return got;
+}
+
+int sc_chan_wait(sc_chan *chan, int timeout_ms, int drive, uint64_t *cookie) {
+    struct sc_ctx *ctx = chan->ctx;
+    int64_t now = sc_now(), idle = (int64_t)SC_DRIVE_IDLE_MS * 1000000;
+    int64_t end = timeout_ms < 0 ? INT64_MAX : now + (int64_t)timeout_ms * 1000000, idle_end = now + idle;
+    struct pollfd fds[2] = {{.fd = chan->fd, .events = POLLIN}, {.fd = ctx->epfd, .events = POLLIN}};
+    pthread_mutex_lock(&ctx->lock);
+    int got = chan_take(chan, cookie);
+    while (!got && (now = sc_now()) < end) {
+        /* output waiting for room in a socket is the progress thread's (it sends while this caller
+         * works); otherwise this thread waits on the sockets too, no longer than the first timer (it
+         * fires it) and the idle limit */
+        int driving = drive && !ctx->writers;
+        int64_t until = end;
+        if (driving) {
+            if (now >= idle_end) {
+                got = 3;
+                break;
+            }
+            int64_t due = sc_timers_first(ctx);
+            if (idle_end < until) until = idle_end;
+            if (due && due < until) until = due;
+            ctx->drivers++;
+        }
+        int timeout = until == INT64_MAX ? -1 : until <= now ? 0 : (int)((until - now + 999999) / 1000000);
+        pthread_mutex_unlock(&ctx->lock);
+        int ready = poll(fds, driving ? 2 : 1, timeout);
+        pthread_mutex_lock(&ctx->lock);
+        if (driving) {
+            ctx->drivers--;
+            ctx->passing_chan = chan;
+            sc_drive(ctx);
+            ctx->passing_chan = NULL;
+            if (ready > 0 && fds[1].revents) idle_end = sc_now() + idle;
+        } else if (drive) {
+            idle_end = sc_now() + idle;
+        }
+        got = chan_take(chan, cookie);
+    }
+    if (drive && ctx->writers && ctx->parked) sc_engine_wake(ctx); /* the rest is the thread's to send */
     pthread_mutex_unlock(&ctx->lock);
     return got;
 }
@@ -98,8 +160,17 @@ int sc_chan_take(sc_chan *chan, uint64_t *cookie) {
 void sc_chan_wake(sc_chan *chan) {
     pthread_mutex_lock(&chan->ctx->lock);
     chan->woken = 1;
-    signal_fd(chan->fd);
+    chan_signal(chan);
     pthread_mutex_unlock(&chan->ctx->lock);
+}
+
+void sc_ctx_wake_waiters(sc_ctx *ctx) {
+    pthread_mutex_lock(&ctx->lock);
+    for (struct sc_chan *chan = ctx->chans; chan; chan = chan->next) {
+        chan->woken = 1;
+        chan_signal(chan);
+    }
+    pthread_mutex_unlock(&ctx->lock);
 }
 
 void sc_chan_free(sc_chan *chan) {
@@ -169,7 +240,7 @@ static int take(struct sc_cq *cq, int n, struct sc_wc *out) {
 int sc_cq_poll(sc_cq *cq, int n, struct sc_wc *out) {
     struct sc_ctx *ctx = cq->ctx;
     pthread_mutex_lock(&ctx->lock);
-    if (!cq->count && !cq->overflowed) sc_pass(ctx, 0); /* a busy poll moves its own data */
+    if (!cq->count && !cq->overflowed) sc_drive(ctx); /* a busy poll moves its own data */
     int got = take(cq, n, out);
     pthread_mutex_unlock(&ctx->lock);
     return got;

@@ -60,6 +60,8 @@ cdef extern from "shift_core.h" nogil:
     sc_chan *sc_chan_new(sc_ctx *ctx)
     int sc_chan_fd(const sc_chan *chan)
     int sc_chan_take(sc_chan *chan, uint64_t *cookie)
+    int sc_chan_wait(sc_chan *chan, int timeout_ms, int drive, uint64_t *cookie)
+    void sc_ctx_wake_waiters(sc_ctx *ctx)
     void sc_chan_wake(sc_chan *chan)
     void sc_chan_free(sc_chan *chan)
     sc_cq *sc_cq_new(sc_ctx *ctx, uint32_t cqe, sc_chan *chan, uint64_t cookie)
@@ -79,6 +81,8 @@ cdef extern from "shift_core.h" nogil:
     sc_post_error sc_qp_post_send(sc_qp *qp, const sc_send_wr *wrs, int n, int *posted)
     sc_post_error sc_qp_post_recv(sc_qp *qp, const sc_recv_wr *wrs, int n, int *posted)
     void sc_qp_free(sc_qp *qp)
+    double sc_raw_pingpong(int fd, uint32_t size, uint32_t iters, int first)
+    double sc_raw_stream(int fd, uint64_t total, uint32_t chunk, int sending)
 
 
 cdef extern from "<poll.h>" nogil:

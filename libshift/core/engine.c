@@ -1,12 +1,18 @@
-/* The context and its progress: one epoll set, one lock, one thread, and passes on callers' threads.
+/* The context and its progress: one epoll set of sockets, one lock, one thread, and passes on callers'
+ * threads.
  *
- * The progress thread waits in epoll until a socket is ready or the first timer falls due, then makes a
- * pass under the lock. A caller whose poll finds its CQ empty makes a non-blocking pass itself, so a busy
- * poller reads its own socket with no hand-off between threads. Both may see the same readiness; the
- * second finds nothing to read. An epoll entry names a watch slot with a generation, never a pointer, so
- * an event that arrives for a connection closed in the meantime is recognised and dropped.
+ * The progress thread waits until a socket is ready or the first timer falls due, then makes a pass under
+ * the lock. A caller whose poll finds its CQ empty makes a non-blocking pass itself, and a blocking channel
+ * wait waits on the sockets itself, so the thread that wants the data reads it, with no hand-off between
+ * threads. While callers drive like this the progress thread is parked: it waits on its wake-up eventfd
+ * alone, for SC_DRIVE_GRACE_NS after the last caller's pass (looking at timers when it ends), so that it
+ * neither races the caller for the frame nor costs a wake-up per message. Output that waits for room in
+ * a socket unparks it unless a blocking wait is under way: it sends while the caller works. An epoll entry names a watch
+ * slot with a generation, never a pointer, so an event that arrives for a connection closed in the
+ * meantime is recognised and dropped.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -17,6 +23,7 @@
 #include "internal.h"
 
 #define MAX_EVENTS 64
+#define WAKE_TAG UINT64_MAX /* the wake-up eventfd's entry in the progress thread's epoll set */
 
 int64_t sc_now(void) {
     struct timespec ts;
@@ -70,7 +77,7 @@ void sc_engine_wake(struct sc_ctx *ctx) {
     }
 }
 
-static void dispatch(struct sc_ctx *ctx, const struct epoll_event *events, int n, int progress_thread) {
+static void dispatch(struct sc_ctx *ctx, const struct epoll_event *events, int n) {
     for (int i = 0; i < n; i++) {
         uint64_t watch = events[i].data.u64;
         uint32_t slot = slot_of(watch);
@@ -79,15 +86,6 @@ static void dispatch(struct sc_ctx *ctx, const struct epoll_event *events, int n
         if (w->gen != (uint32_t)watch) continue; /* closed since epoll reported it */
         uint32_t flags = events[i].events;
         switch (w->kind) {
-        case WATCH_WAKE: {
-            /* only the progress thread drains it: the wake-up is for its wait, and a caller's pass that
-             * drained it first would leave that thread asleep until its old timeout */
-            if (!progress_thread) break;
-            uint64_t count;
-            while (read(ctx->wakefd, &count, sizeof count) < 0 && errno == EINTR) {
-            }
-            break;
-        }
         case WATCH_CONN:
             sc_conn_ready(w->obj, (flags & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0, (flags & EPOLLOUT) != 0);
             break;
@@ -100,47 +98,91 @@ static void dispatch(struct sc_ctx *ctx, const struct epoll_event *events, int n
     sc_conn_reap(ctx);
 }
 
-void sc_pass(struct sc_ctx *ctx, int timeout_ms) {
+static void pass(struct sc_ctx *ctx) {
     struct epoll_event events[MAX_EVENTS];
-    int n = epoll_wait(ctx->epfd, events, MAX_EVENTS, timeout_ms);
-    dispatch(ctx, events, n > 0 ? n : 0, 0);
+    int n = epoll_wait(ctx->epfd, events, MAX_EVENTS, 0);
+    dispatch(ctx, events, n > 0 ? n : 0);
+}
+
+void sc_drive(struct sc_ctx *ctx) {
+    ctx->last_drive = sc_now();
+    pass(ctx);
+}
+
+int sc_driven(const struct sc_ctx *ctx, int64_t now) {
+    return ctx->drivers || (ctx->last_drive && now - ctx->last_drive < SC_DRIVE_GRACE_NS);
+}
+
+static int timeout_ms(int64_t until, int64_t now) {
+    if (until == INT64_MAX) return -1;
+    int64_t ms = until <= now ? 0 : (until - now + 999999) / 1000000;
+    return ms > 3600000 ? 3600000 : (int)ms; /* a deadline hours away: look again in an hour */
 }
 
 static void *run(void *arg) {
     struct sc_ctx *ctx = arg;
-    struct epoll_event events[MAX_EVENTS];
+    struct epoll_event events[2];
     pthread_mutex_lock(&ctx->lock);
     while (!ctx->stopping) {
-        int64_t due = sc_timers_first(ctx), now = sc_now();
-        int timeout = -1;
-        if (due) {
-            int64_t ms = due <= now ? 0 : (due - now + 999999) / 1000000;
-            timeout = ms > 3600000 ? 3600000 : (int)ms; /* a deadline hours away: look again in an hour */
+        int64_t now = sc_now(), due = sc_timers_first(ctx), until = due ? due : INT64_MAX;
+        int parked = sc_driven(ctx, now) && (ctx->drivers || !ctx->writers);
+        if (parked) { /* a blocked waiter: look again now and then; a busy poller: when its grace ends */
+            int64_t look = (ctx->drivers ? now : ctx->last_drive) + SC_DRIVE_GRACE_NS;
+            if (look < until) until = look;
         }
-        ctx->sleep_until = due ? due : INT64_MAX;
+        ctx->sleep_until = until;
+        ctx->parked = parked;
         pthread_mutex_unlock(&ctx->lock);
-        int n = epoll_wait(ctx->epfd, events, MAX_EVENTS, timeout);
+        int woken = 0, sockets = 0;
+        if (parked) {
+            struct pollfd wake = {.fd = ctx->wakefd, .events = POLLIN};
+            woken = poll(&wake, 1, timeout_ms(until, now)) > 0;
+        } else {
+            int n = epoll_wait(ctx->pfd, events, 2, timeout_ms(until, now));
+            for (int i = 0; i < n; i++) {
+                if (events[i].data.u64 == WAKE_TAG) woken = 1;
+                else sockets = 1;
+            }
+        }
         pthread_mutex_lock(&ctx->lock);
         ctx->sleep_until = 0;
-        if (!ctx->stopping) dispatch(ctx, events, n > 0 ? n : 0, 1);
+        ctx->parked = 0;
+        if (woken) {
+            uint64_t count;
+            while (read(ctx->wakefd, &count, sizeof count) < 0 && errno == EINTR) {
+            }
+        }
+        if (ctx->stopping) break;
+        if (sockets) pass(ctx);
+        else {
+            sc_timers_fire(ctx, sc_now());
+            sc_conn_reap(ctx);
+        }
     }
     pthread_mutex_unlock(&ctx->lock);
     return NULL;
+}
+
+static int add_to(int pfd, int fd, uint64_t tag) {
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag};
+    return epoll_ctl(pfd, EPOLL_CTL_ADD, fd, &ev);
 }
 
 sc_ctx *sc_ctx_new(void) {
     sc_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return NULL;
     ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
+    ctx->pfd = epoll_create1(EPOLL_CLOEXEC);
     ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (ctx->epfd < 0 || ctx->wakefd < 0 || pthread_mutex_init(&ctx->lock, NULL)) goto fail;
-    if (!sc_watch_add(ctx, ctx->wakefd, WATCH_WAKE, NULL, 0)) goto fail_locked;
+    if (ctx->epfd < 0 || ctx->pfd < 0 || ctx->wakefd < 0 || pthread_mutex_init(&ctx->lock, NULL)) goto fail;
+    if (add_to(ctx->pfd, ctx->epfd, 0) || add_to(ctx->pfd, ctx->wakefd, WAKE_TAG)) goto fail_locked;
     if (pthread_create(&ctx->thread, NULL, run, ctx)) goto fail_locked;
     return ctx;
 fail_locked:
     pthread_mutex_destroy(&ctx->lock);
 fail:
     if (ctx->epfd >= 0) close(ctx->epfd);
+    if (ctx->pfd >= 0) close(ctx->pfd);
     if (ctx->wakefd >= 0) close(ctx->wakefd);
     free(ctx->watches);
     free(ctx);
@@ -155,9 +197,11 @@ void sc_ctx_free(sc_ctx *ctx) {
     pthread_join(ctx->thread, NULL);
     sc_qp_free_all(ctx);
     sc_conn_reap(ctx);
+    sc_frames_free_spare(ctx);
     sc_cq_free_all(ctx);
     sc_mr_free_all(ctx);
     close(ctx->epfd);
+    close(ctx->pfd);
     close(ctx->wakefd);
     free(ctx->watches);
     free(ctx->heap);
@@ -167,7 +211,7 @@ void sc_ctx_free(sc_ctx *ctx) {
 
 void sc_ctx_progress(sc_ctx *ctx) {
     pthread_mutex_lock(&ctx->lock);
-    sc_pass(ctx, 0);
+    sc_drive(ctx);
     pthread_mutex_unlock(&ctx->lock);
 }
 

@@ -15,9 +15,16 @@
 #define SC_READ_BUDGET (4u << 20) /* bytes read from one socket per pass before the others get a turn */
 #define SC_KEY_BUCKETS 4096
 #define SC_INLINE_SPANS 2
+#define SC_INLINE_BYTES 64        /* inline data a frame or a send queue entry holds without a malloc */
+#define SC_SPARE_FRAMES 64        /* sent frames the context keeps for the next ones */
+#define SC_GATHER_FRAMES 16       /* small frames that go out in one sendmsg, at most... */
+#define SC_GATHER_BYTES 16384     /* ...while fewer bytes than this are gathered */
+#define SC_GATHER_IOV 64
 #define SC_ACK_BATCH 16           /* executed requests after which an ACK goes out at once */
 #define SC_ACK_DELAY_NS 200000    /* otherwise the longest an ACK waits for a request to ride on */
 #define SC_RNR_FOREVER 7
+#define SC_DRIVE_GRACE_NS 1000000 /* a caller's pass parks the progress thread for this long (engine.c) */
+#define SC_DRIVE_IDLE_MS 20       /* the longest a blocking wait drives progress before it lets the thread */
 
 /* ibverbs' numbers (libshift.vocabulary.enums) */
 enum {
@@ -71,6 +78,7 @@ struct sc_chan {
     struct sc_ctx *ctx;
     int fd;
     int woken;
+    int signalled; /* the eventfd holds a count (its readers drain it) */
     uint32_t refs; /* the owner's and its CQs' */
     int closed;
     struct sc_cq **events;
@@ -94,12 +102,14 @@ struct sc_cq {
 
 /* An outgoing frame: its header, then the spans of its payload (held until the frame is sent). */
 struct sc_frame {
+    struct sc_ctx *ctx;
     struct sc_frame *next;
     uint8_t hdr[SC_WIRE_HEADER_SIZE];
     struct sc_spans payload;
-    const uint8_t *inline_data; /* or the payload is these bytes (owned by the frame) */
+    uint8_t *inline_data; /* or the payload is these bytes (owned by the frame: inline_store or malloc'd) */
     uint32_t inline_len;
     uint64_t sent, total;
+    uint8_t inline_store[SC_INLINE_BYTES];
 };
 
 struct sc_conn {
@@ -116,8 +126,12 @@ struct sc_conn {
     uint32_t left;
     struct sc_spans targets;
     uint32_t target_pos, target_off;
-    /* output: responses first, then the requester's next request */
-    struct sc_frame *out_head, *out_tail, *cur;
+    /* output: responses first, then the requester's next request; the frames of one sendmsg (the first
+     * may be partly sent) */
+    struct sc_frame *out_head, *out_tail;
+    struct sc_frame *send_head, *send_tail;
+    uint32_t send_count;
+    uint64_t send_bytes; /* unsent bytes of those */
     struct sc_conn *next_dead;
 };
 
@@ -129,7 +143,8 @@ struct sc_sq_item {
     int signaled, error;
     uint32_t rnr_tries;
     struct sc_spans local;
-    uint8_t *inline_data;
+    uint8_t *inline_data; /* inline_store, or malloc'd when longer */
+    uint8_t inline_store[SC_INLINE_BYTES];
 };
 
 enum { T_DEADLINE = 0, T_RNR, T_ACK, SC_NTIMERS }; /* a QP's timers: ack deadline, RNR retry, delayed ACK */
@@ -185,7 +200,7 @@ struct sc_qp {
     struct sc_qp *next, *prev;
 };
 
-enum { WATCH_FREE = 0, WATCH_WAKE, WATCH_CONN, WATCH_LISTEN, WATCH_CONNECTING };
+enum { WATCH_FREE = 0, WATCH_CONN, WATCH_LISTEN, WATCH_CONNECTING };
 
 struct sc_watch {
     uint32_t gen;
@@ -196,9 +211,17 @@ struct sc_watch {
 struct sc_ctx {
     pthread_mutex_t lock;
     pthread_t thread;
-    int epfd, wakefd;
+    int epfd;   /* the sockets: callers' passes and blocking waits wait on it */
+    int wakefd; /* the progress thread's alone: a stop, or a timer earlier than its wait */
+    int pfd;    /* the progress thread's wait: epfd and wakefd */
     int stopping;
     int64_t sleep_until; /* when the progress thread's wait ends by itself (0: not waiting) */
+    int parked;          /* its wait is a parked one: it looks at the timers again within SC_DRIVE_GRACE_NS */
+    /* callers driving progress (engine.c): blocking waits under way, and the last pass a caller made */
+    uint32_t drivers;
+    int64_t last_drive;
+    uint32_t writers; /* connections waiting for room in their socket: the thread sends while callers work */
+    struct sc_chan *passing_chan; /* the channel whose waiter is making the pass under way, if any */
     uint64_t failures;
     uint32_t next_pd;
     struct sc_watch *watches;
@@ -213,6 +236,8 @@ struct sc_ctx {
     struct sc_qp **heap; /* the QPs with a timer armed, earliest first (timers.c) */
     uint32_t heap_len, heap_cap;
     struct sc_conn *dead; /* closed connections, freed at the end of a pass */
+    struct sc_frame *spare; /* sent frames, for the next ones: no malloc per frame */
+    uint32_t nspare;
     uint8_t staging[SC_STAGING];
 };
 
@@ -222,7 +247,10 @@ uint64_t sc_watch_add(struct sc_ctx *ctx, int fd, int kind, void *obj, int want_
 void sc_watch_mod(struct sc_ctx *ctx, int fd, uint64_t watch, int want_write);
 void sc_watch_del(struct sc_ctx *ctx, int fd, uint64_t watch);
 void sc_engine_wake(struct sc_ctx *ctx);
-void sc_pass(struct sc_ctx *ctx, int timeout_ms);
+/* A non-blocking pass on a caller's thread, which parks the progress thread for SC_DRIVE_GRACE_NS. */
+void sc_drive(struct sc_ctx *ctx);
+/* Whether a caller drives progress now (the progress thread parks as soon as it looks). */
+int sc_driven(const struct sc_ctx *ctx, int64_t now);
 
 /* timers.c */
 /* Room in the heap for this many QPs: 0 when it cannot be had. */
@@ -257,10 +285,13 @@ void sc_conn_pump(struct sc_conn *conn);
 void sc_conn_close_when_sent(struct sc_conn *conn);
 void sc_conn_close(struct sc_conn *conn);
 void sc_conn_reap(struct sc_ctx *ctx);
-struct sc_frame *sc_frame_new(const struct sc_hdr *hdr);
+struct sc_frame *sc_frame_new(struct sc_ctx *ctx, const struct sc_hdr *hdr);
+/* Room for len inline payload bytes in the frame (its own store when they fit), NULL without memory. */
+uint8_t *sc_frame_inline(struct sc_frame *frame, uint32_t len);
 /* Counts the frame's bytes once its payload is attached. */
 void sc_frame_seal(struct sc_frame *frame);
 void sc_frame_free(struct sc_frame *frame);
+void sc_frames_free_spare(struct sc_ctx *ctx);
 
 /* qp.c: the connection's sink, and what the halves share */
 int sc_qp_on_header(struct sc_qp *qp, struct sc_conn *conn, const struct sc_hdr *hdr);

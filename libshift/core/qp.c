@@ -90,7 +90,7 @@ static void drop_connection(struct sc_qp *qp) {
 
 static void send_hello(struct sc_qp *qp) {
     struct sc_hdr hello = {.op = SC_OP_HELLO, .seq = qp->qpn, .imm = qp->remote_qpn};
-    struct sc_frame *frame = sc_frame_new(&hello);
+    struct sc_frame *frame = sc_frame_new(qp->ctx, &hello);
     if (frame) sc_conn_send(qp->conn, frame);
 }
 
@@ -346,7 +346,7 @@ void sc_qp_on_frame(struct sc_qp *qp, struct sc_conn *conn, const struct sc_hdr 
     case SC_OP_ATOMIC_RESP: sc_req_on_atomic_response(qp, hdr); break;
     default: { /* a second HELLO: the peer is confused, the stream cannot be trusted */
         struct sc_hdr nak = {.op = SC_OP_NAK, .seq = hdr->seq, .imm = WC_REM_INV_REQ_ERR};
-        struct sc_frame *frame = sc_frame_new(&nak);
+        struct sc_frame *frame = sc_frame_new(qp->ctx, &nak);
         if (frame) sc_qp_send_response(qp, frame);
         sc_qp_enter_error(qp);
     }
@@ -357,7 +357,7 @@ static void send_ack(struct sc_qp *qp) {
     uint32_t seq;
     if (!sc_resp_take_ack(qp, &seq) || !qp->conn || qp->conn->closed) return;
     struct sc_hdr ack = {.op = SC_OP_ACK, .seq = seq};
-    struct sc_frame *frame = sc_frame_new(&ack);
+    struct sc_frame *frame = sc_frame_new(qp->ctx, &ack);
     if (frame) sc_conn_send(qp->conn, frame);
 }
 

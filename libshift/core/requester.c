@@ -38,11 +38,12 @@ static struct sc_sq_item *at(struct sc_qp *qp, uint32_t index) {
 static void move_item(struct sc_sq_item *dst, struct sc_sq_item *src) {
     *dst = *src;
     if (src->local.at == src->local.inline_at) dst->local.at = dst->local.inline_at;
+    if (src->inline_data == src->inline_store) dst->inline_data = dst->inline_store;
 }
 
 static void release(struct sc_sq_item *item) {
     sc_spans_release(&item->local);
-    free(item->inline_data);
+    if (item->inline_data != item->inline_store) free(item->inline_data);
     item->inline_data = NULL;
 }
 
@@ -70,7 +71,7 @@ enum sc_post_error sc_req_post(struct sc_qp *qp, const struct sc_send_wr *wr) {
     else if ((wr->send_flags & SEND_INLINE) && !local_write) {
         if (length > qp->cap.max_inline_data) err = SC_POST_INLINE;
         else if (length) { /* the bytes are taken now: the application may reuse its buffer at once */
-            item->inline_data = malloc(length);
+            item->inline_data = length <= SC_INLINE_BYTES ? item->inline_store : malloc(length);
             if (!item->inline_data) err = SC_POST_NOMEM;
             for (uint32_t i = 0, off = 0; item->inline_data && i < item->local.count; i++) {
                 memcpy(item->inline_data + off, spans[i].ptr, spans[i].len);
@@ -129,18 +130,16 @@ struct sc_frame *sc_req_next(struct sc_qp *qp, int with_ack, uint32_t ack) {
         .seq = (uint32_t)item->seq, .length = item->length, .rkey = item->rkey, .imm = item->imm,
         .addr = item->addr, .arg1 = item->arg1, .arg2 = item->arg2, .ack = with_ack ? ack : 0,
     };
-    struct sc_frame *frame = sc_frame_new(&hdr);
+    struct sc_frame *frame = sc_frame_new(qp->ctx, &hdr);
     if (!frame) return NULL;
     if (sc_wire_payload_length(&hdr)) {
-        if (item->inline_data) {
-            uint8_t *copy = malloc(item->length);
+        if (item->inline_data) { /* copied: the frame may outlive the entry (a flush while it is sent) */
+            uint8_t *copy = sc_frame_inline(frame, item->length);
             if (!copy) {
                 sc_frame_free(frame);
                 return NULL;
             }
             memcpy(copy, item->inline_data, item->length);
-            frame->inline_data = copy;
-            frame->inline_len = item->length;
         } else {
             struct sc_span *spans = sc_spans_alloc(&frame->payload, item->local.count);
             if (!spans) {

@@ -96,7 +96,7 @@ static int remote(struct sc_qp *qp, const struct sc_hdr *hdr, struct sc_span *ou
 }
 
 static void respond(struct sc_qp *qp, const struct sc_hdr *hdr) {
-    struct sc_frame *frame = sc_frame_new(hdr);
+    struct sc_frame *frame = sc_frame_new(qp->ctx, hdr);
     if (frame) sc_qp_send_response(qp, frame);
 }
 
@@ -187,7 +187,7 @@ void sc_resp_on_request_done(struct sc_qp *qp, const struct sc_hdr *hdr, int pla
     unsigned op = hdr->op;
     if (sc_wire_payload_length(hdr) && !placed) return;
     if (op == SC_OP_READ_REQ) {
-        struct sc_frame *frame = sc_frame_new(&(struct sc_hdr){.op = SC_OP_READ_RESP, .seq = hdr->seq,
+        struct sc_frame *frame = sc_frame_new(qp->ctx, &(struct sc_hdr){.op = SC_OP_READ_RESP, .seq = hdr->seq,
                                                                 .length = hdr->length});
         if (!frame) return;
         struct sc_span *spans = sc_spans_alloc(&frame->payload, 1);

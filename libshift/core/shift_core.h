@@ -92,8 +92,15 @@ sc_chan *sc_chan_new(sc_ctx *ctx);
 int sc_chan_fd(const sc_chan *chan);
 /* 1 and the CQ's cookie: an event; 2: woken by sc_chan_wake; 0: nothing now. */
 int sc_chan_take(sc_chan *chan, uint64_t *cookie);
+/* sc_chan_take after waiting up to timeout_ms (-1: no limit) for it to say something (0: the time is up).
+ * With drive set the caller's thread waits on the context's sockets too and makes the passes itself (the
+ * progress thread stays parked) until they have been idle for SC_DRIVE_IDLE_MS: 3 then says wait on
+ * without drive, the progress thread's again. */
+int sc_chan_wait(sc_chan *chan, int timeout_ms, int drive, uint64_t *cookie);
 void sc_chan_wake(sc_chan *chan);
 void sc_chan_free(sc_chan *chan);
+/* Wakes every channel of the context (as sc_chan_wake): its waiters return, before the context goes. */
+void sc_ctx_wake_waiters(sc_ctx *ctx);
 
 sc_cq *sc_cq_new(sc_ctx *ctx, uint32_t cqe, sc_chan *chan, uint64_t cookie);
 /* Up to n completions into out, oldest first; -1 once the CQ has overflowed. */
@@ -119,5 +126,12 @@ void sc_qp_reset(sc_qp *qp);
 enum sc_post_error sc_qp_post_send(sc_qp *qp, const struct sc_send_wr *wrs, int n, int *posted);
 enum sc_post_error sc_qp_post_recv(sc_qp *qp, const struct sc_recv_wr *wrs, int n, int *posted);
 void sc_qp_free(sc_qp *qp);
+
+/* Baselines (baseline.c): plain TCP on a connected blocking socket, none of the above. The half round
+ * trip in seconds of iters size-byte ping-pongs (first: this side sends first); a stream of total bytes in
+ * chunk-byte writes, in bytes/s as the sender sees it once the receiver has said it got them all. Both
+ * -1 when the socket failed. */
+double sc_raw_pingpong(int fd, uint32_t size, uint32_t iters, int first);
+double sc_raw_stream(int fd, uint64_t total, uint32_t chunk, int sending);
 
 #endif

@@ -100,18 +100,44 @@ static int wait_wc(sc_cq *cq, struct sc_wc *wc) {
     return 0;
 }
 
-static void test_a_connected_pair(void) {
+/* Two contexts joined by a socketpair, a QP in RTS on each: a's CQ plain, b's on a channel (cookie 2). */
+struct duo {
+    sc_ctx *ca, *cb;
+    sc_pd *pa, *pb;
+    sc_chan *chan;
+    sc_cq *qa, *qb;
+    sc_mr *ra, *rb;
+    sc_qp *a, *b;
+};
+
+static struct duo duo_new(uint8_t *ma, uint64_t la, uint8_t *mb, uint64_t lb, uint32_t b_access) {
+    struct duo d;
     int fds[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds) == 0);
-    sc_ctx *ca = sc_ctx_new(), *cb = sc_ctx_new();
-    sc_pd *pa = sc_pd_new(ca), *pb = sc_pd_new(cb);
-    sc_chan *chan = sc_chan_new(cb);
-    sc_cq *qa = sc_cq_new(ca, 64, NULL, 1), *qb = sc_cq_new(cb, 64, chan, 2);
+    d.ca = sc_ctx_new();
+    d.cb = sc_ctx_new();
+    d.pa = sc_pd_new(d.ca);
+    d.pb = sc_pd_new(d.cb);
+    d.chan = sc_chan_new(d.cb);
+    d.qa = sc_cq_new(d.ca, 64, NULL, 1);
+    d.qb = sc_cq_new(d.cb, 64, d.chan, 2);
+    d.ra = sc_mr_reg(d.pa, ma, la, ACCESS_LOCAL_WRITE);
+    d.rb = sc_mr_reg(d.pb, mb, lb, b_access);
+    d.a = qp_on_fd(d.pa, d.qa, fds[0], 1, 2);
+    d.b = qp_on_fd(d.pb, d.qb, fds[1], 2, 1);
+    return d;
+}
+
+static void test_a_connected_pair(void) {
     static uint8_t ma[4096], mb[4096];
-    sc_mr *ra = sc_mr_reg(pa, ma, sizeof ma, ACCESS_LOCAL_WRITE);
-    sc_mr *rb = sc_mr_reg(pb, mb, sizeof mb, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ |
-                                                 ACCESS_REMOTE_ATOMIC);
-    sc_qp *a = qp_on_fd(pa, qa, fds[0], 1, 2), *b = qp_on_fd(pb, qb, fds[1], 2, 1);
+    struct duo d = duo_new(ma, sizeof ma, mb, sizeof mb,
+                           ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC);
+    sc_ctx *ca = d.ca, *cb = d.cb;
+    sc_pd *pa = d.pa;
+    sc_chan *chan = d.chan;
+    sc_cq *qa = d.qa, *qb = d.qb;
+    sc_mr *ra = d.ra, *rb = d.rb;
+    sc_qp *a = d.a, *b = d.b;
     memcpy(ma, "hello", 5);
     struct sc_sge sa = {(uint64_t)(uintptr_t)ma, 5, sc_mr_lkey(ra)}, sb = {(uint64_t)(uintptr_t)mb, 64,
                                                                            sc_mr_lkey(rb)};
@@ -165,6 +191,78 @@ static void test_a_connected_pair(void) {
     sc_pd_free(pa);
     sc_ctx_free(ca);
     sc_ctx_free(cb); /* frees what is left of b's side, rb and the channel included */
+}
+
+/* sc_chan_wait, and the seconds it took. */
+static int timed_wait(sc_chan *chan, int timeout_ms, int drive, double *took) {
+    struct timespec t0, t1;
+    uint64_t cookie;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int got = sc_chan_wait(chan, timeout_ms, drive, &cookie);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    return got;
+}
+
+static void test_a_wait_makes_its_own_completion(void) {
+    /* the waiting thread reads the frame itself: the event its own pass queued took no eventfd write; a
+     * list of small sends lands in order; a wait with nothing to come ends at its time, a woken one at
+     * once */
+    static uint8_t ma[64], mb[64];
+    struct duo d = duo_new(ma, sizeof ma, mb, sizeof mb, ACCESS_LOCAL_WRITE);
+    sc_ctx *ca = d.ca, *cb = d.cb;
+    sc_chan *chan = d.chan;
+    sc_cq *qb = d.qb;
+    sc_mr *ra = d.ra, *rb = d.rb;
+    sc_qp *a = d.a, *b = d.b;
+    struct sc_sge sb[3];
+    struct sc_recv_wr rwr[3];
+    for (int i = 0; i < 3; i++) {
+        sb[i] = (struct sc_sge){(uint64_t)(uintptr_t)mb + 8 * i, 8, sc_mr_lkey(rb)};
+        rwr[i] = (struct sc_recv_wr){.wr_id = 10 + (uint64_t)i, .num_sge = 1, .sg = &sb[i]};
+    }
+    int posted;
+    CHECK(sc_qp_post_recv(b, rwr, 3, &posted) == SC_POST_OK && posted == 3);
+    sc_cq_req_notify(qb, 0);
+    memcpy(ma, "abcdefghijklmnopqrstuvwx", 24);
+    struct sc_sge sa[3];
+    struct sc_send_wr sends[3];
+    for (int i = 0; i < 3; i++) {
+        sa[i] = (struct sc_sge){(uint64_t)(uintptr_t)ma + 8 * i, 8, sc_mr_lkey(ra)};
+        sends[i] = (struct sc_send_wr){.wr_id = (uint64_t)i, .opcode = WR_SEND, .send_flags = SEND_INLINE,
+                                       .num_sge = 1, .sg = &sa[i]};
+    }
+    CHECK(sc_qp_post_send(a, sends, 3, &posted) == SC_POST_OK && posted == 3);
+    uint64_t cookie = 0;
+    CHECK(sc_chan_wait(chan, 5000, 1, &cookie) == 1 && cookie == 2);
+    pthread_mutex_lock(&cb->lock);
+    int signalled = chan->signalled;
+    pthread_mutex_unlock(&cb->lock);
+    CHECK(!signalled);
+    struct sc_wc wc[3];
+    int got = 0;
+    for (int i = 0; i < 20000 && got < 3; i++) {
+        int n = sc_cq_poll(qb, 3 - got, wc + got);
+        if (n > 0) got += n;
+        else usleep(100);
+    }
+    CHECK(got == 3 && wc[0].wr_id == 10 && wc[1].wr_id == 11 && wc[2].wr_id == 12);
+    CHECK(memcmp(mb, "abcdefghijklmnopqrstuvwx", 24) == 0);
+    pthread_mutex_lock(&ca->lock);
+    CHECK(ca->nspare >= 1 && ca->nspare <= SC_SPARE_FRAMES); /* the sent frames wait for the next ones */
+    pthread_mutex_unlock(&ca->lock);
+
+    double took;
+    CHECK(timed_wait(chan, 10, 1, &took) == 0 && took >= 0.009); /* its time is up */
+    CHECK(timed_wait(chan, 200, 1, &took) == 3 && took >= 0.019); /* idle for 20 ms: let go */
+    CHECK(timed_wait(chan, 30, 0, &took) == 0 && took >= 0.029); /* on without driving */
+    sc_chan_wake(chan);
+    CHECK(sc_chan_wait(chan, -1, 1, &cookie) == 2);
+
+    sc_qp_free(a);
+    sc_qp_free(b);
+    sc_ctx_free(ca);
+    sc_ctx_free(cb);
 }
 
 static void test_refusals(void) {
@@ -264,6 +362,7 @@ int main(void) {
     test_wire_refuses_what_it_cannot_frame();
     test_keys_and_bounds();
     test_a_connected_pair();
+    test_a_wait_makes_its_own_completion();
     test_refusals();
     test_timer_heap();
     printf("%d passed, %d failed\n", passed, failed);
