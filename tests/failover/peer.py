@@ -1,7 +1,7 @@
 """One side of a failover test stream, run inside a lab host (`lab.exec_command`).
 
 It speaks JSON lines: it prints {"endpoints", "addr", "rkey"}, reads the peer's the same way, connects
-`--qps` ShiftQPs over mlx5_0 (one CQ for all) and prints {"connected"}; on {"go"} the sender streams
+`--qps` ShiftQPs over --device (mlx5_0; one CQ for all) and prints {"connected"}; on {"go"} the sender streams
 sequence-numbered, checksummed messages round-robin over the QPs (mode send, write_imm or write_read) and the
 receiver checks each one, per QP, until {"stop"}. Each prints {"progress"} (sender, at message --progress),
 {"state", "at"} when its first QP changes state, and {"done": ...} with what it saw: `errors` are breaches
@@ -84,9 +84,9 @@ class Lane:
 
 
 class Side:
-    def __init__(self, qps: int, timeout: int, retry_cnt: int, block: bool) -> None:
+    def __init__(self, device: str, qps: int, timeout: int, retry_cnt: int, block: bool) -> None:
         self.atomic_at = qps * LANE  # the MR's last word: the receiver's counter, the sender's result
-        self.verbs = stream_peer.Verbs(256 * qps, self.atomic_at + 8, ACCESS, block=block)
+        self.verbs = stream_peer.Verbs(256 * qps, self.atomic_at + 8, ACCESS, block=block, device=device)
         self.ctx, self.mr = self.verbs.ctx, self.verbs.mr
         self.cq, self.channel = self.verbs.cq, self.verbs.channel
         self.woken = {"events": 0, "timeouts": 0}  # how the waits on the channel ended
@@ -168,7 +168,13 @@ class Orders:
 
 
 def run_sender(
-    side: Side, mode: str, rate: float, progress: int, remote: tuple[int, int], orders: Orders
+    side: Side,
+    mode: str,
+    rate: float,
+    progress: int,
+    remote: tuple[int, int],
+    orders: Orders,
+    deadline: float,
 ) -> None:
     """Post messages round-robin over the QPs at `rate` a second (a fault lands mid-stream) until told to
     stop or an error completes, at most WINDOW WRs outstanding per QP; then wait for every completion."""
@@ -177,7 +183,7 @@ def run_sender(
     per_msg = 2 if mode == "write_read" else 1
     sent, verified, atomic = 0, 0, None
     start = time.monotonic()
-    deadline = start + DEADLINE
+    deadline += start
     while time.monotonic() < deadline and not side.errors:
         posting = not (orders.stop.is_set() or side.failed)
         if not posting and all(lane.done == lane.posted for lane in lanes):
@@ -254,12 +260,12 @@ def post_atomic(side: Side, remote: tuple[int, int]) -> str:
     return "posted"
 
 
-def run_receiver(side: Side, mode: str, orders: Orders) -> None:
+def run_receiver(side: Side, mode: str, orders: Orders, deadline: float) -> None:
     """Check every message, per QP, until told to stop and `expect` have come (write_read: just poll)."""
     for lane in side.lanes:
         for slot in range(SLOTS):
             post_recv(side, lane, slot, mode)
-    deadline = time.monotonic() + DEADLINE
+    deadline += time.monotonic()
     while time.monotonic() < deadline:
         received = sum(lane.received for lane in side.lanes)
         if orders.stop.is_set() and received >= orders.expect:
@@ -305,6 +311,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=15)
     parser.add_argument("--retry-cnt", type=int, default=3)
     parser.add_argument("--block", action="store_true", help="wait on a completion channel when idle")
+    parser.add_argument("--device", default=stream_peer.DEVICE)
+    parser.add_argument("--patience", type=float, default=1.0, help="the stream may last this many DEADLINEs")
     args = parser.parse_args()
     logging.basicConfig(
         level=os.environ.get("SHIFT_TEST_LOG", "WARNING"),
@@ -312,14 +320,15 @@ def main() -> None:
         format="%(asctime)s.%(msecs)03d %(threadName)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    side = Side(args.qps, args.timeout, args.retry_cnt, args.block)
+    side = Side(args.device, args.qps, args.timeout, args.retry_cnt, args.block)
     remote = side.exchange()
     hear()  # go
     orders = Orders(side)
+    deadline = DEADLINE * args.patience
     if args.role == "sender":
-        run_sender(side, args.mode, args.rate, args.progress, remote, orders)
+        run_sender(side, args.mode, args.rate, args.progress, remote, orders, deadline)
     else:
-        run_receiver(side, args.mode, orders)
+        run_receiver(side, args.mode, orders, deadline)
     side.ctx.close()
 
 
