@@ -84,7 +84,8 @@ class Lane:
 
 
 class Side:
-    def __init__(self, device: str, qps: int, timeout: int, retry_cnt: int, block: bool) -> None:
+    def __init__(self, device: str, qps: int, timeout: int, retry_cnt: int, block: bool, idle: float) -> None:
+        self.idle = idle  # a pass that found nothing to do pauses this long (the receiver at least 1 ms)
         self.atomic_at = qps * LANE  # the MR's last word: the receiver's counter, the sender's result
         self.verbs = stream_peer.Verbs(256 * qps, self.atomic_at + 8, ACCESS, block=block, device=device)
         self.ctx, self.mr = self.verbs.ctx, self.verbs.mr
@@ -127,7 +128,7 @@ class Side:
         if polled:
             return polled
         if self.channel is None:
-            stop.wait(0.001)
+            stop.wait(max(self.idle, 0.001))
             return []
         polled, woken = self.verbs.block(lambda: self.poll(progress), 0.05)  # bounded, to notice {"stop"}
         if woken is not None:
@@ -188,6 +189,7 @@ def run_sender(
         posting = not (orders.stop.is_set() or side.failed)
         if not posting and all(lane.done == lane.posted for lane in lanes):
             break
+        before = sent
         while posting and time.monotonic() >= start + sent / rate:
             lane = lanes[sent % len(lanes)]
             if lane.posted - lane.done > WINDOW - per_msg:
@@ -213,7 +215,10 @@ def run_sender(
         if orders.atomic.is_set() and atomic is None:
             atomic = post_atomic(side, remote)
         completed = sum(lane.ok for lane in lanes) // per_msg
-        for lane, wc in side.poll(completed):
+        polled = side.poll(completed)
+        if side.idle and not polled and sent == before:
+            orders.stop.wait(side.idle)
+        for lane, wc in polled:
             if wc.wr_id == ATOMIC_WR:
                 atomic = e.ibv_wc_status(wc.status).name
                 continue
@@ -312,6 +317,7 @@ def main() -> None:
     parser.add_argument("--retry-cnt", type=int, default=3)
     parser.add_argument("--block", action="store_true", help="wait on a completion channel when idle")
     parser.add_argument("--device", default=stream_peer.DEVICE)
+    parser.add_argument("--idle", type=float, default=0.0, help="seconds a pass with nothing to do pauses")
     parser.add_argument("--patience", type=float, default=1.0, help="the stream may last this many DEADLINEs")
     args = parser.parse_args()
     logging.basicConfig(
@@ -320,7 +326,7 @@ def main() -> None:
         format="%(asctime)s.%(msecs)03d %(threadName)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    side = Side(args.device, args.qps, args.timeout, args.retry_cnt, args.block)
+    side = Side(args.device, args.qps, args.timeout, args.retry_cnt, args.block, args.idle)
     remote = side.exchange()
     hear()  # go
     orders = Orders(side)

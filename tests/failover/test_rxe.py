@@ -35,7 +35,9 @@ NICS = {"h0": ("rxe0", "rxe2"), "h1": ("rxe1", "rxe3")}  # each host's default, 
 BACKUPS = ",".join(f"{default}={backup}" for default, backup in NICS.values())
 SYSFS_IB = Path("/sys/class/infiniband")
 PATIENCE = 6.0  # TCG runs the peers about that many times slower than the lab's hosts
-SMALL = ("--rate", "200", "--progress", "50")  # the point is correctness, not volume
+# small streams (the point is correctness), and peers that leave the VM's two CPUs to shiftd when idle
+SENDER = ("--rate", "200", "--progress", "50", "--idle", "0.002")
+RECEIVER = ("--idle", "0.002")
 
 
 def netdev(device: str) -> str:
@@ -136,6 +138,11 @@ def blackhole() -> Fault:
     )
 
 
+def stream(bed: RxeBed, mode: str, fault: Fault, **options: object) -> tuple[dict, dict]:
+    """run_stream with this module's small, idle-friendly peers."""
+    return run_stream(bed, mode, fault, sender_args=SENDER, receiver_args=RECEIVER, **options)
+
+
 def test_shiftd_watches_the_rxe_devices_it_found_in_sysfs(bed: RxeBed) -> None:
     found = nics(bed)
     assert sorted(found) == sorted(path.name for path in SYSFS_IB.iterdir()), found.keys()  # no tcp device
@@ -149,7 +156,7 @@ def test_a_stream_fails_over_when_the_link_goes_down_and_back_when_it_is_up(bed:
     """Down, up (back on the default devices, the backups re-armed), down again: the lab's failback case
     (test_failover.py), with the port states and NIC events shiftd had from the kernel."""
     since = time.time()
-    sent, received = run_stream(bed, mode, link("rxe0"), failbacks=1, sender_args=SMALL)
+    sent, received = stream(bed, mode, link("rxe0"), failbacks=1)
     if mode == "write_read":
         assert sent["errors"] == [] and sent["failed"] == [], sent
         assert sent["verified"] == sent["completed"] > 0  # every READ brought back what its WRITE put there
@@ -161,13 +168,13 @@ def test_a_stream_fails_over_when_the_link_goes_down_and_back_when_it_is_up(bed:
 
 def test_the_peers_nic_failing_moves_both_sides(bed: RxeBed) -> None:
     """veth1 down: the receiver's link, rxe0's carrier with it."""
-    assert_intact(*run_stream(bed, "send", link("rxe1"), sender_args=SMALL))
+    assert_intact(*stream(bed, "send", link("rxe1")))
 
 
 def test_an_atomic_in_flight_when_the_link_fails_is_failed_closed(bed: RxeBed) -> None:
     """A FETCH_AND_ADD lost in the black hole: its error reaches the application, it is never replayed,
     and the SENDs around it are delivered as usual."""
-    sent, received = run_stream(bed, "send", blackhole(), then={"atomic": True}, sender_args=SMALL)
+    sent, received = stream(bed, "send", blackhole(), then={"atomic": True})
     assert sent["atomic"] in PATH_LOST, sent
     assert received["counter"] == 0  # not executed by the black hole, not executed by a replay
     assert_intact(sent, received)
