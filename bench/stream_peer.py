@@ -58,9 +58,10 @@ class Orders:
 
 
 class Verbs:
-    """One side's verbs objects over DEVICE and one CQ: shift objects (failover through shiftd's agent, the
-    context's own unless `agent` is given), or the bare provider's with `plain`; a completion channel with
-    `block`. QPs come from create_qps, so that a caller can measure what the rest costs first."""
+    """One side's verbs objects over `device` (DEVICE unless told) and one CQ: shift objects (failover
+    through shiftd's agent, the context's own unless `agent` is given), or the bare provider's with `plain`;
+    a completion channel with `block`. QPs come from create_qps, so that a caller can measure what the rest
+    costs first."""
 
     def __init__(
         self,
@@ -70,16 +71,17 @@ class Verbs:
         plain: bool = False,
         block: bool = False,
         agent: Agent | None = None,
+        device: str = DEVICE,
     ) -> None:
         self.plain = plain
         if plain:
-            self.ctx: Any = Context(DEVICE)
+            self.ctx: Any = Context(device)
             self.pd: Any = PD(self.ctx)
             self.mr: Any = MR(self.pd, mr_bytes, access)
             self.channel: Any = CompChannel(self.ctx) if block else None
             self.cq: Any = CQ(self.ctx, cqe, channel=self.channel)
         else:
-            self.ctx = ShiftContext(DEVICE, agent=agent)
+            self.ctx = ShiftContext(device, agent=agent)
             self.pd = ShiftPD(self.ctx)
             self.mr = ShiftMR(self.pd, mr_bytes, access)
             self.channel = ShiftCompChannel(self.ctx) if block else None

@@ -1,7 +1,7 @@
 """One side of a failover test stream, run inside a lab host (`lab.exec_command`).
 
 It speaks JSON lines: it prints {"endpoints", "addr", "rkey"}, reads the peer's the same way, connects
-`--qps` ShiftQPs over mlx5_0 (one CQ for all) and prints {"connected"}; on {"go"} the sender streams
+`--qps` ShiftQPs over --device (mlx5_0; one CQ for all) and prints {"connected"}; on {"go"} the sender streams
 sequence-numbered, checksummed messages round-robin over the QPs (mode send, write_imm or write_read) and the
 receiver checks each one, per QP, until {"stop"}. Each prints {"progress"} (sender, at message --progress),
 {"state", "at"} when its first QP changes state, and {"done": ...} with what it saw: `errors` are breaches
@@ -84,9 +84,10 @@ class Lane:
 
 
 class Side:
-    def __init__(self, qps: int, timeout: int, retry_cnt: int, block: bool) -> None:
+    def __init__(self, device: str, qps: int, timeout: int, retry_cnt: int, block: bool, idle: float) -> None:
+        self.idle = idle  # a pass that found nothing to do pauses this long (the receiver at least 1 ms)
         self.atomic_at = qps * LANE  # the MR's last word: the receiver's counter, the sender's result
-        self.verbs = stream_peer.Verbs(256 * qps, self.atomic_at + 8, ACCESS, block=block)
+        self.verbs = stream_peer.Verbs(256 * qps, self.atomic_at + 8, ACCESS, block=block, device=device)
         self.ctx, self.mr = self.verbs.ctx, self.verbs.mr
         self.cq, self.channel = self.verbs.cq, self.verbs.channel
         self.woken = {"events": 0, "timeouts": 0}  # how the waits on the channel ended
@@ -127,7 +128,7 @@ class Side:
         if polled:
             return polled
         if self.channel is None:
-            stop.wait(0.001)
+            stop.wait(max(self.idle, 0.001))
             return []
         polled, woken = self.verbs.block(lambda: self.poll(progress), 0.05)  # bounded, to notice {"stop"}
         if woken is not None:
@@ -168,7 +169,13 @@ class Orders:
 
 
 def run_sender(
-    side: Side, mode: str, rate: float, progress: int, remote: tuple[int, int], orders: Orders
+    side: Side,
+    mode: str,
+    rate: float,
+    progress: int,
+    remote: tuple[int, int],
+    orders: Orders,
+    deadline: float,
 ) -> None:
     """Post messages round-robin over the QPs at `rate` a second (a fault lands mid-stream) until told to
     stop or an error completes, at most WINDOW WRs outstanding per QP; then wait for every completion."""
@@ -177,11 +184,12 @@ def run_sender(
     per_msg = 2 if mode == "write_read" else 1
     sent, verified, atomic = 0, 0, None
     start = time.monotonic()
-    deadline = start + DEADLINE
+    deadline += start
     while time.monotonic() < deadline and not side.errors:
         posting = not (orders.stop.is_set() or side.failed)
         if not posting and all(lane.done == lane.posted for lane in lanes):
             break
+        before = sent
         while posting and time.monotonic() >= start + sent / rate:
             lane = lanes[sent % len(lanes)]
             if lane.posted - lane.done > WINDOW - per_msg:
@@ -207,7 +215,10 @@ def run_sender(
         if orders.atomic.is_set() and atomic is None:
             atomic = post_atomic(side, remote)
         completed = sum(lane.ok for lane in lanes) // per_msg
-        for lane, wc in side.poll(completed):
+        polled = side.poll(completed)
+        if side.idle and not polled and sent == before:
+            orders.stop.wait(side.idle)
+        for lane, wc in polled:
             if wc.wr_id == ATOMIC_WR:
                 atomic = e.ibv_wc_status(wc.status).name
                 continue
@@ -254,12 +265,12 @@ def post_atomic(side: Side, remote: tuple[int, int]) -> str:
     return "posted"
 
 
-def run_receiver(side: Side, mode: str, orders: Orders) -> None:
+def run_receiver(side: Side, mode: str, orders: Orders, deadline: float) -> None:
     """Check every message, per QP, until told to stop and `expect` have come (write_read: just poll)."""
     for lane in side.lanes:
         for slot in range(SLOTS):
             post_recv(side, lane, slot, mode)
-    deadline = time.monotonic() + DEADLINE
+    deadline += time.monotonic()
     while time.monotonic() < deadline:
         received = sum(lane.received for lane in side.lanes)
         if orders.stop.is_set() and received >= orders.expect:
@@ -305,6 +316,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=15)
     parser.add_argument("--retry-cnt", type=int, default=3)
     parser.add_argument("--block", action="store_true", help="wait on a completion channel when idle")
+    parser.add_argument("--device", default=stream_peer.DEVICE)
+    parser.add_argument("--idle", type=float, default=0.0, help="seconds a pass with nothing to do pauses")
+    parser.add_argument("--patience", type=float, default=1.0, help="the stream may last this many DEADLINEs")
     args = parser.parse_args()
     logging.basicConfig(
         level=os.environ.get("SHIFT_TEST_LOG", "WARNING"),
@@ -312,14 +326,15 @@ def main() -> None:
         format="%(asctime)s.%(msecs)03d %(threadName)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    side = Side(args.qps, args.timeout, args.retry_cnt, args.block)
+    side = Side(args.device, args.qps, args.timeout, args.retry_cnt, args.block, args.idle)
     remote = side.exchange()
     hear()  # go
     orders = Orders(side)
+    deadline = DEADLINE * args.patience
     if args.role == "sender":
-        run_sender(side, args.mode, args.rate, args.progress, remote, orders)
+        run_sender(side, args.mode, args.rate, args.progress, remote, orders, deadline)
     else:
-        run_receiver(side, args.mode, orders)
+        run_receiver(side, args.mode, orders, deadline)
     side.ctx.close()
 
 

@@ -5,6 +5,9 @@ A `Stream` runs the sender on h0 and the receiver on h1 (endpoints exchanged thr
 lines) and ends with both peers' final reports; `run_stream` is the common script (fault in the middle of
 the stream, optional failbacks, every check). Faults are real: shiftd's admin service on a lab host
 applies them (the calls `shiftctl fail-nic` makes) or tc on a rail switch (no shiftd sees it).
+
+The stream and its checks also run on a bed other than the lab (`OwnBed`: test_rxe.py's Soft-RoCE
+devices in one VM, one shiftd for both hosts, its own faults).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -41,6 +45,40 @@ FEW_REAL_EXAMPLES = settings(
 PATH_LOST = ("IBV_WC_RETRY_EXC_ERR", "IBV_WC_WR_FLUSH_ERR")  # what a path with nowhere to go gives
 
 
+class OwnBed(Protocol):
+    """Somewhere other than the lab for the stream: what the harness asks of it beyond what a Lab has."""
+
+    patience: float  # how many times the lab's timeouts it needs (a VM under emulation is slow)
+
+    @property
+    def host_names(self) -> list[str]: ...
+
+    def exec_command(self, host: str, argv: Sequence[str]) -> tuple[list[str], dict[str, str]]: ...
+
+    def socket(self, host: str) -> Path:
+        """The socket of the shiftd `host`'s peer registers with."""
+        ...
+
+    def rdma_devices(self, host: str) -> tuple[str, ...]:
+        """`host`'s devices, the default first."""
+        ...
+
+
+Bed = Lab | OwnBed
+
+
+def rdma_devices(bed: Bed, host: str) -> tuple[str, ...]:
+    """`host`'s RDMA devices, the default first: on the lab, every host's are mlx5_0, mlx5_1, ..."""
+    if isinstance(bed, Lab):
+        return tuple(bed.shape.rdma_device(rail) for rail in range(bed.shape.nics))
+    return bed.rdma_devices(host)
+
+
+def patience(bed: Bed) -> float:
+    """How many times the lab's timeouts a bed needs."""
+    return 1.0 if isinstance(bed, Lab) else bed.patience
+
+
 @dataclass(frozen=True)
 class Step:
     """One fault of a drawn plan."""
@@ -63,54 +101,56 @@ def fault_steps(devices: tuple[str, ...] = ("mlx5_0",)) -> st.SearchStrategy[Ste
 
 
 class Peer(LabProcess):
-    """peer.py on a lab host, spoken to in JSON lines."""
+    """peer.py on a lab host (or a bed's), spoken to in JSON lines, on the host's default device."""
 
-    def __init__(self, lab: Lab, host: str, *args: str) -> None:
-        super().__init__(lab, host, [sys.executable, PEER, *args], timeout=40.0)
+    def __init__(self, bed: Bed, host: str, *args: str) -> None:
+        argv = [sys.executable, PEER, *args, "--device", rdma_devices(bed, host)[0]]
+        super().__init__(bed, host, [*argv, "--patience", str(patience(bed))], timeout=40.0 * patience(bed))
 
 
 # -- shiftd ------------------------------------------------------------------------------------------------
 
 
 @contextmanager
-def admin(lab: Lab, host: str) -> Iterator[admin_pb2_grpc.AdminStub]:
+def admin(bed: Bed, host: str) -> Iterator[admin_pb2_grpc.AdminStub]:
     """shiftd's admin service on `host`, over its socket: what shiftctl calls, without a process per call
     (a second of CPU each on a busy machine: too slow to land a fault inside a handshake)."""
-    client = Client(str(lab.socket(host)), timeout=30.0)
+    client = Client(str(bed.socket(host)), timeout=30.0)
     try:
         yield client.admin
     finally:
         client.close()
 
 
-def failover_reports(lab: Lab, host: str, since: float, wait_for: int = 0) -> list[common_pb2.FailoverReport]:
-    """The FailoverReports shiftd of `host` was given after `since` (time.time()), in time order; waits
-    up to 10 s for `wait_for` of them (reports go to shiftd off the data path)."""
-    deadline = time.monotonic() + 10
+def failover_reports(bed: Bed, host: str, since: float, wait_for: int = 0) -> list[common_pb2.FailoverReport]:
+    """The FailoverReports shiftd of `host` was given after `since` (time.time()) on `host`'s devices, in
+    time order; waits up to 10 s for `wait_for` of them (reports go to shiftd off the data path)."""
+    deadline = time.monotonic() + 10 * patience(bed)
     request = admin_pb2.StreamEventsRequest(backlog=200, follow=False)
+    mine = rdma_devices(bed, host)  # a bed's one shiftd may hear both hosts
     while True:
-        with admin(lab, host) as stub:
+        with admin(bed, host) as stub:
             reports = [e.failover for e in stub.StreamEvents(request, timeout=30) if e.HasField("failover")]
-        found = [r for r in reports if r.time_unix_nanos > since * 1e9]
+        found = [r for r in reports if r.time_unix_nanos > since * 1e9 and r.device in mine]
         found.sort(key=lambda r: r.time_unix_nanos)
         if len(found) >= wait_for or time.monotonic() > deadline:
             return found
         time.sleep(0.2)
 
 
-def switches(lab: Lab, host: str, since: float, wait_for: int = 0) -> list[tuple[str, str, str, str]]:
+def switches(bed: Bed, host: str, since: float, wait_for: int = 0) -> list[tuple[str, str, str, str]]:
     """failover_reports as (kind, device left, device used, reason)."""
     return [
         (common_pb2.FailoverKind.Name(r.kind), r.device, r.backup_device, r.reason)
-        for r in failover_reports(lab, host, since, wait_for)
+        for r in failover_reports(bed, host, since, wait_for)
     ]
 
 
-def wait_nic_state(lab: Lab, host: str, device: str, state: str, timeout: float = 10.0) -> None:
+def wait_nic_state(bed: Bed, host: str, device: str, state: str, timeout: float = 10.0) -> None:
     """Until shiftd of `host` says `device` is in `state` ("NIC_STATE_UP", ...)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout * patience(bed)
     while True:
-        with admin(lab, host) as stub:
+        with admin(bed, host) as stub:
             nics = stub.ListNics(admin_pb2.ListNicsRequest(), timeout=30).nics
         now = common_pb2.NicState.Name(next(n.state for n in nics if n.device == device))
         if now == state:
@@ -119,15 +159,15 @@ def wait_nic_state(lab: Lab, host: str, device: str, state: str, timeout: float 
         time.sleep(0.1)
 
 
-def wait_all_up(lab: Lab) -> None:
+def wait_all_up(bed: Bed) -> None:
     """Until every shiftd of the lab says every NIC is UP, past the hold-down of the last recovery.
 
     A recovered NIC stays DOWN for the hold-down (1 s in the lab) after its link is back. A stream that
     starts inside it runs on a NIC its shiftd already calls DOWN; a fault injected then changes no state,
     so no NIC event goes out and the fault is found late (at the ack deadline) or never (under a flap)."""
-    for host in lab.host_names:
-        for rail in range(lab.shape.nics):
-            wait_nic_state(lab, host, lab.shape.rdma_device(rail), "NIC_STATE_UP")
+    for host in bed.host_names:
+        for device in rdma_devices(bed, host):
+            wait_nic_state(bed, host, device, "NIC_STATE_UP")
 
 
 # -- faults ------------------------------------------------------------------------------------------------
@@ -139,8 +179,8 @@ class Fault:
 
     host: str
     reason: str
-    inject: Callable[[Lab], None]
-    recover: Callable[[Lab], None]
+    inject: Callable[[Bed], None]
+    recover: Callable[[Bed], None]
 
 
 def fail_nic(lab: Lab, hosts: Sequence[str], device: str, mode: str = "down", period: float = 0.0) -> None:
@@ -233,7 +273,7 @@ class Stream:
 
     def __init__(
         self,
-        lab: Lab,
+        bed: Bed,
         mode: str,
         qps: int = 1,
         sender_args: Sequence[str] = (),
@@ -241,11 +281,12 @@ class Stream:
         healthy_first: bool = True,
     ) -> None:
         if healthy_first:
-            wait_all_up(lab)  # every test's faults must find healthy NICs
+            wait_all_up(bed)  # every test's faults must find healthy NICs
         self.mode = mode
+        self.patience = patience(bed)
         common = ("--mode", mode, "--qps", str(qps))
-        self.sender = Peer(lab, "h0", "sender", *common, *sender_args)
-        self.receiver = Peer(lab, "h1", "receiver", *common, *receiver_args)
+        self.sender = Peer(bed, "h0", "sender", *common, *sender_args)
+        self.receiver = Peer(bed, "h1", "receiver", *common, *receiver_args)
 
     def __enter__(self) -> Stream:
         self.start()
@@ -254,6 +295,7 @@ class Stream:
     def start(self, timeout: float = 20.0) -> None:
         """Exchange the endpoints, connect, and stream until the sender has posted --progress messages."""
         sender, receiver = self.sender, self.receiver
+        timeout *= self.patience
         ends = sender.read("endpoints", timeout=timeout), receiver.read("endpoints", timeout=timeout)
         sender.send(**ends[1])
         receiver.send(**ends[0])
@@ -262,14 +304,14 @@ class Stream:
             assert connected == {"connected": True, "resilient": True, "state": "default"}, connected
         receiver.send(go=True)
         sender.send(go=True)
-        sender.read("progress", timeout=20)
+        sender.read("progress", timeout=20 * self.patience)
 
     def wait_armed(self, path: str, timeout: float = 10.0) -> None:
         """Until both peers have `path` armed on every QP (a re-arm handshake is over)."""
         for peer in (self.sender, self.receiver):
             peer.send(armed=path)
         for peer in (self.sender, self.receiver):
-            assert peer.read("armed", timeout=timeout) == {"armed": path}
+            assert peer.read("armed", timeout=timeout * self.patience) == {"armed": path}
 
     def finish(self, stop: bool = True) -> tuple[dict, dict]:
         """Stop the sender (or, stop=False, wait until it stops at an error completion), let the receiver
@@ -321,7 +363,7 @@ def assert_switched(sent: dict, received: dict, mode: str, cycle: Sequence[str],
         assert all(0 < at < sent["completed"] for _, at in side["states"]), side
 
 
-def assert_reports(lab: Lab, since: float, fault: Fault, count: int, qps: int = 1) -> None:
+def assert_reports(bed: Bed, since: float, fault: Fault, count: int, qps: int = 1) -> None:
     """Each shiftd was told of `count` switches (failover, failback, failover, ...) per QP since `since`:
     the side that met the fault (or its recovery) noticed it itself, the other heard the peer's
     notification; when both met it, either may come first on each side. A link taken down can also
@@ -330,20 +372,12 @@ def assert_reports(lab: Lab, since: float, fault: Fault, count: int, qps: int = 
     also = {"nic_event": "error_completion"}.get(fault.reason)
     for host in HOSTS:
         mine = host == fault.host
-        failover = (
-            "FAILOVER_KIND_FAILOVER",
-            "mlx5_0",
-            "mlx5_1",
-            fault.reason if mine else "peer_notification",
-        )
-        failback = (
-            "FAILOVER_KIND_FAILBACK",
-            "mlx5_1",
-            "mlx5_0",
-            "nic_recovered" if mine else "peer_notification",
-        )
+        default, backup = rdma_devices(bed, host)[:2]
+        heard = "peer_notification"
+        failover = ("FAILOVER_KIND_FAILOVER", default, backup, fault.reason if mine else heard)
+        failback = ("FAILOVER_KIND_FAILBACK", backup, default, "nic_recovered" if mine else heard)
         expected = [(failover, failback)[i % 2] for i in range(count) for _ in range(qps)]
-        got = switches(lab, host, since, wait_for=len(expected))
+        got = switches(bed, host, since, wait_for=len(expected))
         got = [(*g[:3], fault.reason) if (g[0], g[3]) == ("FAILOVER_KIND_FAILOVER", also) else g for g in got]
         if fault.host == BOTH:
             assert {g[3] for g in got} <= {fault.reason, "nic_recovered", "peer_notification"}, got
@@ -352,7 +386,7 @@ def assert_reports(lab: Lab, since: float, fault: Fault, count: int, qps: int = 
 
 
 def run_stream(
-    lab: Lab,
+    bed: Bed,
     mode: str,
     fault: Fault,
     failbacks: int = 0,
@@ -369,16 +403,16 @@ def run_stream(
     """
     injected = False
     try:
-        with Stream(lab, mode, qps, sender_args, receiver_args) as stream:
+        with Stream(bed, mode, qps, sender_args, receiver_args) as stream:
             failed_at = time.time()
             for done in range(1, failbacks + 1):
-                fault.inject(lab)
+                fault.inject(bed)
                 assert stream.sender.read("state")["state"] == "fallback"
-                fault.recover(lab)
-                assert stream.sender.read("state", timeout=15)["state"] == "default"
+                fault.recover(bed)
+                assert stream.sender.read("state", timeout=15 * stream.patience)["state"] == "default"
                 for host in HOSTS:  # both sides finished the failback, so both re-armed the backup
-                    switches(lab, host, failed_at, wait_for=2 * done * qps)
-            fault.inject(lab)
+                    switches(bed, host, failed_at, wait_for=2 * done * qps)
+            fault.inject(bed)
             injected = True
             if then:
                 stream.sender.send(**then)
@@ -387,8 +421,8 @@ def run_stream(
             sent, received = stream.finish()
         cycle = ["fallback", "default"] * failbacks + ["fallback"]
         assert_switched(sent, received, mode, cycle, qps)
-        assert_reports(lab, failed_at, fault, len(cycle), qps)
+        assert_reports(bed, failed_at, fault, len(cycle), qps)
         return sent, received
     finally:
         if injected:
-            fault.recover(lab)
+            fault.recover(bed)

@@ -42,3 +42,18 @@ def test_shift_backups_sets_how_many(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("SHIFT_BACKUPS", bad)
         with pytest.raises(VerbsError, match="SHIFT_BACKUPS must be an integer from 1 to 7"):
             backup_count()
+
+
+def test_shift_backup_devices_names_backups_where_the_order_is_not_the_topology(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    devices = ["rxe0", "rxe1", "rxe2", "rxe3"]
+    monkeypatch.setenv("SHIFT_BACKUP_DEVICES", "rxe0=rxe2, rxe1=rxe3:rxe9:rxe2")
+    assert backup_devices("rxe0", devices, 2) == ["rxe2"]
+    assert backup_devices("rxe1", devices, 2) == ["rxe3", "rxe2"]  # one not on the host is left out
+    assert backup_devices("rxe1", devices, 1) == ["rxe3"]
+    assert backup_devices("rxe2", devices, 1) == ["rxe3"]  # not named: the next NIC
+    for bad in ("rxe0", "rxe0=", "=rxe2", "rxe0=rxe2::rxe3", "rxe0=rxe0"):
+        monkeypatch.setenv("SHIFT_BACKUP_DEVICES", bad)
+        with pytest.raises(VerbsError, match=r"SHIFT_BACKUP_DEVICES: .* is not DEVICE=BACKUP"):
+            backup_devices("rxe0", devices, 2)

@@ -1,140 +1,180 @@
-"""Failover on Soft-RoCE, in `make test-rxe`'s VM: a SEND stream survives its link going down.
+"""Failover on Soft-RoCE, in `make test-rxe`'s VM: the failover suite's core cases over rxe devices.
 
 The VM is one kernel holding both "hosts'" NICs (shiftlab/rxe/network.py): rxe0-rxe1 and rxe2-rxe3 are the
-two links, the even devices one host's, the odd ones the other's. A ShiftContext on rxe0 (backup rxe2) sends
-to one on rxe1 (backup rxe3); `ip link set veth0 down` takes rxe0's link down, and with it rxe1's carrier:
-both sides' default paths fail at once, and every message must still arrive once, in order, intact.
+two links, the even devices h0's, the odd ones h1's. The streams are the lab's (stream_harness.py, peer.py:
+the sender on rxe0 with backup rxe2, the receiver on rxe1 with backup rxe3); the faults are the VM's own.
+`ip link set veth0 down` takes rxe0's link down and with it rxe1's carrier, so both sides' default paths
+fail at once, and `up` brings them back (the failback); veth1 down is the peer's NIC failing; a tc
+blackhole on veth0 fails the link silently, links up, so only the ack deadline finds it.
 
-The shift layer exchanges backup endpoints through shiftd and etcd (keys.py, the agent), so the test starts
-both inside the VM; shiftd watches the four rxe devices as RDMA devices (its inventory from
-/sys/class/infiniband). The policy's "the next NICs of the host" cannot tell the hosts apart on one kernel
-(rxe0's next NIC is its own peer), so the test names each side's backup.
+One etcd and one shiftd inside the VM for the module serve both sides (the shift layer exchanges backup
+endpoints through them). shiftd watches the four rxe devices as RDMA devices: its inventory from
+/sys/class/infiniband, their port state from sysfs. The policy's "the next NICs of the host" cannot tell
+the hosts apart on one kernel (rxe0's next NIC is its own peer), so SHIFT_BACKUP_DEVICES names the backups.
 """
 
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 import time
-import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from daemon_harness import DaemonProcess
+from stream_harness import BOTH, PATH_LOST, Bed, Fault, admin, assert_intact, run_stream
 
-from libshift.agent import Agent
-from libshift.shift import ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP, State
-from libshift.verbs import SGE, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR, get_device_list
-from libshift.verbs import enums as e
+from libshift.api.shift.v1 import admin_pb2, common_pb2
+from libshift.verbs import get_device_list
 from shiftlab.etcdproc import EtcdProcess
 
 pytestmark = [pytest.mark.lab, pytest.mark.soft_roce, pytest.mark.timeout(600)]
 
-SENDER, RECEIVER = "rxe0", "rxe1"
-BACKUP_OF = {SENDER: ["rxe2"], RECEIVER: ["rxe3"]}
-NETDEV = "veth0"  # rxe0's (shiftlab/rxe/network.py)
-COUNT, SIZE, WINDOW = 64, 1024, 8
-FAIL_AT = COUNT // 4  # messages received before the link goes down
-HEADER = struct.Struct("<II")  # sequence number, crc32 of the rest
-ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
-DEADLINE = 240.0  # seconds for the whole stream under TCG
+NICS = {"h0": ("rxe0", "rxe2"), "h1": ("rxe1", "rxe3")}  # each host's default, then its backup
+BACKUPS = ",".join(f"{default}={backup}" for default, backup in NICS.values())
+SYSFS_IB = Path("/sys/class/infiniband")
+PATIENCE = 6.0  # TCG runs the peers about that many times slower than the lab's hosts
+# small streams (the point is correctness), and peers that leave the VM's two CPUs to shiftd when idle
+SENDER = ("--rate", "200", "--progress", "50", "--idle", "0.002")
+RECEIVER = ("--idle", "0.002")
 
 
-@pytest.fixture
-def agent(tmp_path: Path) -> Iterator[Agent]:
-    """etcd and shiftd inside the VM, and an agent of this process registered with that shiftd."""
+def netdev(device: str) -> str:
+    return f"veth{device.removeprefix('rxe')}"  # rxe{n} runs on veth{n} (shiftlab/rxe/network.py)
+
+
+class RxeBed:
+    """Both hosts in this kernel, their peers aimed at the one shiftd, with the backups named."""
+
+    patience = PATIENCE
+    host_names = list(NICS)
+
+    def __init__(self, socket: str) -> None:
+        self._socket = Path(socket)
+
+    def exec_command(self, host: str, argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+        env = {**os.environ, "SHIFT_SOCKET": str(self._socket), "SHIFT_BACKUP_DEVICES": BACKUPS}
+        return list(argv), env
+
+    def socket(self, host: str) -> Path:
+        return self._socket
+
+    def rdma_devices(self, host: str) -> tuple[str, ...]:
+        return NICS[host]
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RxeBed]:
+    """etcd and shiftd inside the VM, for every test of the module."""
     present = {d.name for d in get_device_list() if d.provider == "verbs"}
-    if not {SENDER, RECEIVER, *BACKUP_OF[SENDER], *BACKUP_OF[RECEIVER]} <= present:
+    if not {name for pair in NICS.values() for name in pair} <= present:
         pytest.skip(
             f"needs the rxe devices of make test-rxe's VM (shiftlab.rxe); verbs has {sorted(present)}"
         )
-    etcd = EtcdProcess(data_dir=tmp_path / "etcd", log_path=tmp_path / "etcd.log")
-    daemon = DaemonProcess(tmp_path / "shiftd", sections={"etcd": {"endpoints": [etcd.endpoint]}})
+    tmp = tmp_path_factory.mktemp("rxe")
+    etcd = EtcdProcess(data_dir=tmp / "etcd", log_path=tmp / "etcd.log")
+    daemon = DaemonProcess(tmp / "shiftd", sections={"etcd": {"endpoints": [etcd.endpoint]}})
     try:
         etcd.start(wait=120)  # under TCG a start takes seconds
         daemon.start(timeout=120)
-        found = Agent.connect(socket=daemon.socket)
-        assert found is not None
-        yield found
-        found.close()
+        yield RxeBed(daemon.socket)
     finally:
         daemon.stop()
         etcd.kill()
-        print(daemon.log()[-4000:])  # shown by pytest when the test failed
+        print(daemon.log()[-6000:])  # shown by pytest when a test failed
 
 
-@pytest.fixture
-def link_down() -> Iterator[None]:
-    """Brings veth0 back up after the test whatever it did (the VM's RouteKeeper restores its routes)."""
-    yield
-    subprocess.run(["ip", "link", "set", NETDEV, "up"], check=True)
+def nics(bed: Bed) -> dict[str, common_pb2.Nic]:
+    with admin(bed, "h0") as stub:
+        return {nic.device: nic for nic in stub.ListNics(admin_pb2.ListNicsRequest(), timeout=30).nics}
 
 
-class Side:
-    def __init__(self, device: str, agent: Agent) -> None:
-        self.ctx = ShiftContext(device, agent=agent)
-        assert self.ctx.resilient, f"{device}: no failover"
-        self.pd = ShiftPD(self.ctx)
-        self.mr = ShiftMR(self.pd, COUNT * SIZE, ACCESS)
-        self.cq = ShiftCQ(self.ctx, 2 * COUNT)
-        cap = QPCap(max_send_wr=WINDOW, max_recv_wr=COUNT)
-        self.qp = ShiftQP(self.pd, QPInitAttr(scq=self.cq, rcq=self.cq, cap=cap))
-
-    def sge(self, seq: int) -> SGE:
-        return SGE(self.mr.buf + seq * SIZE, SIZE, self.mr.lkey)
-
-    def close(self) -> None:
-        for obj in (self.qp, self.mr, self.cq, self.pd, self.ctx):
-            obj.close()
+def nic_states(bed: Bed, device: str, since: float) -> list[str]:
+    """The states shiftd's NIC events gave `device` after `since`, in order."""
+    request = admin_pb2.StreamEventsRequest(backlog=1000, follow=False)
+    with admin(bed, "h0") as stub:
+        events = [e.nic for e in stub.StreamEvents(request, timeout=30) if e.HasField("nic")]
+    return [
+        common_pb2.NicState.Name(e.state)
+        for e in events
+        if e.device == device and e.time_unix_nanos > since * 1e9
+    ]
 
 
-def message(seq: int) -> bytes:
-    body = os.urandom(SIZE - HEADER.size)
-    return HEADER.pack(seq, zlib.crc32(body)) + body
+def wait_ports(bed: Bed, devices: Sequence[str], state: str) -> None:
+    """Until shiftd says each of `devices` has its rxe port in `state` (DOWN, ACTIVE): read from sysfs."""
+    deadline = time.monotonic() + 10 * PATIENCE
+    while (seen := {d: nics(bed)[d].port_state for d in devices}) != dict.fromkeys(devices, state):
+        assert time.monotonic() < deadline, f"shiftd's port states: {seen}, not {state}"
+        time.sleep(0.2)
 
 
-def test_a_send_stream_survives_the_link_going_down(
-    agent: Agent, link_down: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("libshift.shift.context.backup_devices", lambda default, *_: BACKUP_OF[default])
-    sender, receiver = Side(SENDER, agent), Side(RECEIVER, agent)
-    try:
-        sender.qp.connect(receiver.qp.endpoint(), QPAttr(qp_access_flags=ACCESS))
-        receiver.qp.connect(sender.qp.endpoint(), QPAttr(qp_access_flags=ACCESS))
-        for seq in range(COUNT):
-            sender.mr.write(message(seq), offset=seq * SIZE)
-            receiver.qp.post_recv(RecvWR(wr_id=seq, sg=[receiver.sge(seq)]))
-        sent = done = 0
-        received: list[int] = []
-        failed: list[str] = []
-        down_at: float | None = None
-        deadline = time.monotonic() + DEADLINE
-        while len(received) < COUNT and time.monotonic() < deadline:
-            while sent < COUNT and sent - done < WINDOW:
-                wr = SendWR(
-                    wr_id=sent, opcode=e.IBV_WR_SEND, sg=[sender.sge(sent)], send_flags=e.IBV_SEND_SIGNALED
-                )
-                sender.qp.post_send(wr)
-                sent += 1
-            for side, seen in ((sender, None), (receiver, received)):
-                for wc in side.cq.poll(WINDOW)[1]:
-                    if wc.status != e.IBV_WC_SUCCESS:
-                        failed.append(f"{side.ctx.name} wr {wc.wr_id}: {e.ibv_wc_status(wc.status).name}")
-                    elif seen is None:
-                        done += 1
-                    else:
-                        seen.append(wc.wr_id)
-            if down_at is None and len(received) >= FAIL_AT:
-                subprocess.run(["ip", "link", "set", NETDEV, "down"], check=True)
-                down_at = time.monotonic()
-            time.sleep(0.001)
-        assert failed == []
-        assert received == list(range(COUNT)), f"{len(received)} of {COUNT} received"
-        for seq in range(COUNT):
-            assert receiver.mr.read(SIZE, seq * SIZE) == sender.mr.read(SIZE, seq * SIZE), f"message {seq}"
-        assert sender.qp.state is State.FALLBACK and receiver.qp.state is State.FALLBACK
-    finally:
-        receiver.close()
-        sender.close()
+def link(device: str) -> Fault:
+    """`ip link set NETDEV down` under `device`, then up: the veth's peer loses its carrier too, so both
+    hosts' default devices go down, and shiftd must see both ports go DOWN and come back ACTIVE."""
+    pair = [NICS["h0"][0], NICS["h1"][0]]
+
+    def set_link(bed: Bed, how: str, port: str) -> None:
+        subprocess.run(["ip", "link", "set", netdev(device), how], check=True)
+        wait_ports(bed, pair, port)
+
+    return Fault(
+        BOTH,
+        "nic_event",
+        lambda bed: set_link(bed, "down", "DOWN"),
+        lambda bed: set_link(bed, "up", "ACTIVE"),
+    )
+
+
+def blackhole() -> Fault:
+    """tc drops all that h0's default device sends, links up: no shiftd sees it, h0's sends time out."""
+    dev = ["dev", netdev(NICS["h0"][0]), "root"]
+    return Fault(
+        "h0",
+        "error_completion",
+        lambda _: subprocess.run(["tc", "qdisc", "replace", *dev, "blackhole"], check=True),
+        lambda _: subprocess.run(["tc", "qdisc", "del", *dev], check=True),
+    )
+
+
+def stream(bed: RxeBed, mode: str, fault: Fault, **options: object) -> tuple[dict, dict]:
+    """run_stream with this module's small, idle-friendly peers."""
+    return run_stream(bed, mode, fault, sender_args=SENDER, receiver_args=RECEIVER, **options)
+
+
+def test_shiftd_watches_the_rxe_devices_it_found_in_sysfs(bed: RxeBed) -> None:
+    found = nics(bed)
+    assert sorted(found) == sorted(path.name for path in SYSFS_IB.iterdir()), found.keys()  # no tcp device
+    for device, nic in found.items():
+        seen = (nic.provider, nic.netdev, nic.port_state, common_pb2.NicState.Name(nic.state))
+        assert seen == ("verbs", netdev(device), "ACTIVE", "NIC_STATE_UP"), device
+
+
+@pytest.mark.parametrize("mode", ["send", "write_imm", "write_read"])
+def test_a_stream_fails_over_when_the_link_goes_down_and_back_when_it_is_up(bed: RxeBed, mode: str) -> None:
+    """Down, up (back on the default devices, the backups re-armed), down again: the lab's failback case
+    (test_failover.py), with the port states and NIC events shiftd had from the kernel."""
+    since = time.time()
+    sent, received = stream(bed, mode, link("rxe0"), failbacks=1)
+    if mode == "write_read":
+        assert sent["errors"] == [] and sent["failed"] == [], sent
+        assert sent["verified"] == sent["completed"] > 0  # every READ brought back what its WRITE put there
+    else:
+        assert_intact(sent, received)
+    for device in (NICS["h0"][0], NICS["h1"][0]):
+        assert nic_states(bed, device, since)[:3] == ["NIC_STATE_DOWN", "NIC_STATE_UP", "NIC_STATE_DOWN"]
+
+
+def test_the_peers_nic_failing_moves_both_sides(bed: RxeBed) -> None:
+    """veth1 down: the receiver's link, rxe0's carrier with it."""
+    assert_intact(*stream(bed, "send", link("rxe1")))
+
+
+def test_an_atomic_in_flight_when_the_link_fails_is_failed_closed(bed: RxeBed) -> None:
+    """A FETCH_AND_ADD lost in the black hole: its error reaches the application, it is never replayed,
+    and the SENDs around it are delivered as usual."""
+    sent, received = stream(bed, "send", blackhole(), then={"atomic": True})
+    assert sent["atomic"] in PATH_LOST, sent
+    assert received["counter"] == 0  # not executed by the black hole, not executed by a replay
+    assert_intact(sent, received)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from libshift.gid import canonical_gid
-from libshift.providers.verbs import VerbsProvider, binding, convert, fds
+from libshift.providers.verbs import VerbsProvider, binding, convert, fds, gid
 from libshift.providers.verbs.events import (
     MEANINGS,
     UNKNOWN,
@@ -29,7 +29,7 @@ from libshift.providers.verbs.events import (
     describe,
     meaning_of,
 )
-from libshift.providers.verbs.gid import GidEntry, choose_gid, read_gid_table
+from libshift.providers.verbs.gid import GidEntry, choose_gid, port_dir, read_gid_table
 from libshift.verbs import SGE, Endpoint, QPAttr, RecvWR, SendWR, VerbsError, VerbsRDMAError
 from libshift.verbs import enums as e
 
@@ -190,8 +190,24 @@ def test_a_port_without_gids_is_a_clear_error():
 
 def test_provider_names_the_netdev_from_the_gid_table():
     assert VerbsProvider(ROCE)._netdev("mlx5_1") == "ens1f1np1"
+    assert VerbsProvider(ROCE)._netdev("mlx5_0") == "ens1f0np0"  # not its VLAN's
     assert VerbsProvider(BOND)._netdev("mlx5_bond_0") == "bond0"
     assert VerbsProvider(IB)._netdev("mlx5_0") == ""
+
+
+def test_naming_the_netdev_reads_the_gid_table_only_up_to_its_first_valid_entry(tmp_path, monkeypatch):
+    """rxe's table has 1024 entries: read whole for every device on each listing, it made a ShiftContext
+    take 36 s to open under TCG (tests/failover/test_rxe.py)."""
+    root = tmp_path / "sysfs"
+    shutil.copytree(ROCE, root, symlinks=True)
+    ndevs = port_dir(root, "mlx5_1", 1) / "gid_attrs" / "ndevs"
+    for index in range(4, 1024):
+        (ndevs / str(index)).write_text("")  # unused: the kernel answers EINVAL
+    reads = []
+    read = gid.read_attr
+    monkeypatch.setattr(gid, "read_attr", lambda path: reads.append(path) or read(path))
+    assert VerbsProvider(root)._netdev("mlx5_1") == "ens1f1np1"
+    assert [path.name for path in reads] == ["0"]
 
 
 # -- async events -------------------------------------------------------------------------------------------

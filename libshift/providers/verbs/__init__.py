@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from libshift.providers import DeviceInfo, Provider
 from libshift.providers.verbs.binding import PyverbsMissing, load, one_line
-from libshift.providers.verbs.gid import choose_gid, port_dir, read_attr, read_gid_table
+from libshift.providers.verbs.gid import ETHERNET, port_dir, port_netdev, read_attr
 
 if TYPE_CHECKING:
     from libshift.providers.verbs.context import VerbsContext
@@ -46,10 +46,9 @@ class VerbsProvider(Provider):
         return [DeviceInfo(name=name, provider=PROVIDER, netdev=self._netdev(name)) for name in names]
 
     def _netdev(self, name: str) -> str:
-        """The netdev of port 1's chosen GID (RoCE); "" on InfiniBand or when sysfs does not say."""
-        table = read_gid_table(self.sysfs_root, name, 1)
+        """Port 1's own netdev (RoCE); "" on InfiniBand or when sysfs does not say."""
         link_layer = read_attr(port_dir(self.sysfs_root, name, 1) / "link_layer")
-        return choose_gid(table, link_layer).netdev if table else ""
+        return port_netdev(self.sysfs_root, name, 1) if link_layer == ETHERNET else ""
 
     def open(self, device: DeviceInfo) -> VerbsContext:
         from libshift.providers.verbs.context import VerbsContext
