@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make test`: the host's suite and, at the same time, `make test-rxe` (the verbs suites in a Soft-RoCE VM,
-# shiftlab/rxe). They run side by side because each mostly waits (the host's suite on timeouts and daemons,
+# shiftlab/rxe; the Makefile's RXE_TESTS, which make test sets to its RXE_IN_TEST). They run side by side because each mostly waits (the host's suite on timeouts and daemons,
 # the VM on TCG's emulation of one core): one after the other they would pass the suite's 25-minute budget.
 # The VM's output goes to a log, shown in full if it failed and as pytest's summary line if it passed; the
 # exit code is non-zero if either part failed. Arguments go to the host's pytest.
