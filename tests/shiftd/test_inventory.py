@@ -76,7 +76,8 @@ def test_rdma_devices_naming_an_absent_device_is_a_clear_error() -> None:
     with pytest.raises(InventoryError) as info:
         scan(absent)
     assert str(info.value) == (
-        f"monitors.rdma_devices: no RDMA device rxe7 in {FIXTURE}/class/infiniband (found: mlx5_0, mlx5_1, mlx5_2)"
+        f"monitors.rdma_devices: no RDMA device rxe7 in {FIXTURE}/class/infiniband"
+        " (found: mlx5_0, mlx5_1, mlx5_2)"
     )
 
 
