@@ -89,6 +89,21 @@ def table(i: int, r: int) -> int:
 def build(shape: Shape, record_path: Path) -> None:
     """Routing, sysctls and rxe devices on the NICs that shiftlab.fabric made; returns once every port is
     ACTIVE with its IPv4 GID. Repeatable: a second build of the same lab changes nothing."""
+    route(shape, record_path)
+    present = {p.name for p in SYSFS_IB.glob("*")}
+    links = [
+        f"link add {device} type rxe netdev {netdev}"
+        for i in range(shape.hosts)
+        for device, netdev in shape.host_devices(i).items()
+        if device not in present
+    ]
+    if links:
+        batch("rdma", links)
+    _wait_ready(shape)
+
+
+def route(shape: Shape, record_path: Path) -> None:
+    """The sysctls, rules, tables and neighbours that send each NIC's packets through its cable."""
     devices = [device for i in range(shape.hosts) for device in shape.host_devices(i)]
     record = Record.load(record_path) or Record(devices)
     record.save(record_path)
@@ -104,7 +119,7 @@ def build(shape: Shape, record_path: Path) -> None:
     commands = [f"rule del {rule}" for rule in _rules()]  # a rebuild adds them afresh
     for i in range(shape.hosts):
         for r in range(shape.nics):
-            address, subnet = shape.rail_address(r, i), f"{shape.rail_address(r, 0)}/{PREFIXLEN}"
+            address, subnet = shape.rail_address(r, i), _subnet(shape, r)
             commands.append(
                 f"rule add pref {RULE_PREF} iif lo from {address} to {subnet} lookup {table(i, r)}"
             )
@@ -113,16 +128,6 @@ def build(shape: Shape, record_path: Path) -> None:
         record.save(record_path)
         commands += [f"rule add pref {LOCAL_PREF} lookup local", "rule del pref 0 lookup local"]
     batch("ip", commands + repair_commands(shape, _nics(shape)))
-    present = {p.name for p in SYSFS_IB.glob("*")}
-    links = [
-        f"link add {device} type rxe netdev {netdev}"
-        for i in range(shape.hosts)
-        for device, netdev in shape.host_devices(i).items()
-        if device not in present
-    ]
-    if links:
-        batch("rdma", links)
-    _wait_ready(shape)
 
 
 def repair_commands(shape: Shape, nics: list[tuple[int, int]]) -> list[str]:
@@ -131,8 +136,7 @@ def repair_commands(shape: Shape, nics: list[tuple[int, int]]) -> list[str]:
     commands = []
     for i, r in nics:
         netdev, address = shape.nic_netdev(i, r), shape.rail_address(r, i)
-        subnet = f"{shape.rail_address(r, 0)}/{PREFIXLEN}"
-        commands.append(f"route replace {subnet} dev {netdev} src {address} table {table(i, r)}")
+        commands.append(f"route replace {_subnet(shape, r)} dev {netdev} src {address} table {table(i, r)}")
         commands += [
             f"neigh replace {shape.rail_address(r, j)} lladdr {nic_mac(r, j)} dev {netdev} nud permanent"
             for j in range(shape.hosts)
@@ -177,6 +181,10 @@ def batch(tool: str, commands: list[str], check: bool = True) -> None:
         raise SoftRoceError(
             f"{tool} -batch: {(result.stderr.strip() or str(result.returncode)).splitlines()[0]}"
         )
+
+
+def _subnet(shape: Shape, r: int) -> str:
+    return str(ipaddress.ip_network(f"{shape.rail_address(r, 0)}/{PREFIXLEN}", strict=False))
 
 
 def _nics(shape: Shape) -> list[tuple[int, int]]:
