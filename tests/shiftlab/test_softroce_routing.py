@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -76,11 +77,25 @@ def test_each_nic_reaches_its_rail_peer_through_the_cable(stand_in: str, tmp_pat
 
     nic = shape.nic_netdev(0, 0)
     subprocess.run(["ip", "-n", stand_in, "link", "set", nic, "down"], check=True)
-    subprocess.run(["ip", "-n", stand_in, "link", "set", nic, "up"], check=True)
     with IPRoute(netns=stand_in, flags=0) as ipr:
+        assert routekeeper.missing(shape, ipr) == []  # down: nothing to put back yet
+        subprocess.run(["ip", "-n", stand_in, "link", "set", nic, "up"], check=True)
         assert routekeeper.missing(shape, ipr) == [(0, 0)]  # the table went with the link
-        inside(softroce.batch, "ip", softroce.repair_commands(shape, routekeeper.missing(shape, ipr)))
-        assert routekeeper.missing(shape, ipr) == []
+        keeper = subprocess.Popen(
+            netns.command(stand_in, [sys.executable, "-m", "shiftlab.routekeeper", shape.name, "2", "2"]),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert keeper.stdout is not None
+            assert keeper.stdout.readline() == f"restored the routes of {nic}\n"
+            assert routekeeper.missing(shape, ipr) == []
+            subprocess.run(["ip", "-n", stand_in, "link", "set", nic, "down"], check=True)
+            subprocess.run(["ip", "-n", stand_in, "link", "set", nic, "up"], check=True)
+            assert keeper.stdout.readline() == f"restored the routes of {nic}\n"  # on the link event
+        finally:
+            keeper.terminate()
+            keeper.wait(timeout=10)
     assert fabric.ping(stand_in, shape.rail_address(0, 1), device=nic, timeout=2)
 
     done = inside(softroce.destroy, record)
