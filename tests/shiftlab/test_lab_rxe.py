@@ -33,7 +33,7 @@ from shiftlab.lab import Lab
 pytestmark = [pytest.mark.lab, pytest.mark.soft_roce, pytest.mark.timeout(600)]
 
 SENDER, RECEIVER = ("h0", "h0_rxe0"), ("h1", "h1_rxe0")
-COUNT, SIZE, WINDOW = 32, 1024, 8
+COUNT, SIZE, WINDOW = 16, 1024, 8
 ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
 DEADLINE = 180.0  # seconds for each half of the stream under TCG
 SLOW = 120.0  # seconds a process may take to be ready under TCG
