@@ -12,22 +12,23 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from pyroute2 import IPRoute
+from stream_end import StreamEnd, stream
 from waiting import wait_until
 
 from libshift.agent import Agent
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, common_pb2
-from libshift.shift import ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP, State
-from libshift.verbs import SGE, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
+from libshift.shift import State
+from libshift.verbs import QPAttr, RecvWR
 from libshift.verbs import enums as e
-from shiftlab import fabric, routekeeper, softroce
+from shiftlab import fabric, softroce
 from shiftlab.lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.soft_roce, pytest.mark.timeout(600)]
@@ -75,6 +76,13 @@ def list_nics(lab: Lab, host: str) -> list[common_pb2.Nic]:
         return list(admin_pb2_grpc.AdminStub(channel).ListNics(admin_pb2.ListNicsRequest(), timeout=30).nics)
 
 
+def routed(table: int) -> bool:
+    """Whether the routing table has its route (h0_rxe0's goes with its link, and the route keeper puts it
+    back)."""
+    with IPRoute() as ipr:
+        return any(route.get("table") == table for route in ipr.route("dump", family=socket.AF_INET))
+
+
 def shiftctl(lab: Lab, host: str, *args: str) -> None:
     argv, env = lab.exec_command(host, ["shiftctl", "--timeout", "30", *args])
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=SLOW)
@@ -97,76 +105,39 @@ def test_each_shiftd_watches_its_own_rxe_devices(lab: Lab) -> None:
         )
 
 
-class Side:
-    def __init__(self, lab: Lab, host: str, device: str) -> None:
-        self.agent = Agent.connect(socket=str(lab.socket(host)))
-        assert self.agent is not None
-        self.ctx = ShiftContext(device, agent=self.agent)
-        assert self.ctx.resilient, f"{device}: no failover"
-        self.pd = ShiftPD(self.ctx)
-        self.mr = ShiftMR(self.pd, COUNT * SIZE, ACCESS)
-        self.cq = ShiftCQ(self.ctx, 2 * COUNT)
-        cap = QPCap(max_send_wr=WINDOW, max_recv_wr=COUNT)
-        self.qp = ShiftQP(self.pd, QPInitAttr(scq=self.cq, rcq=self.cq, cap=cap))
-
-    def sge(self, seq: int) -> SGE:
-        return SGE(self.mr.buf + seq * SIZE, SIZE, self.mr.lkey)
-
-    def close(self) -> None:
-        for obj in (self.qp, self.mr, self.cq, self.pd, self.ctx, self.agent):
-            obj.close()
-
-
-def stream(sender: Side, receiver: Side, first: int, end: int) -> list[int]:
-    """SENDs first..end-1 from sender to receiver; the wr_ids received, in order, and no failed completion."""
-    sent, done, received, failed = first, first, [], []
-    deadline = time.monotonic() + DEADLINE
-    while len(received) < end - first and time.monotonic() < deadline:
-        while sent < end and sent - done < WINDOW:
-            sge = sender.sge(sent)
-            sender.qp.post_send(
-                SendWR(wr_id=sent, opcode=e.IBV_WR_SEND, sg=[sge], send_flags=e.IBV_SEND_SIGNALED)
-            )
-            sent += 1
-        for side, seen in ((sender, None), (receiver, received)):
-            for wc in side.cq.poll(WINDOW)[1]:
-                if wc.status != e.IBV_WC_SUCCESS:
-                    failed.append(f"{side.ctx.name} wr {wc.wr_id}: {e.ibv_wc_status(wc.status).name}")
-                elif seen is None:
-                    done += 1
-                else:
-                    seen.append(wc.wr_id)
-        time.sleep(0.001)
-    assert failed == []
-    return received
+def stream_end(lab: Lab, host: str, device: str) -> StreamEnd:
+    agent = Agent.connect(socket=str(lab.socket(host)))
+    assert agent is not None
+    return StreamEnd(device, agent, COUNT, SIZE, WINDOW, ACCESS)
 
 
 def test_a_send_across_two_hosts_fails_over_on_fail_nic(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHIFT_BACKUPS", "1")
-    sender, receiver = Side(lab, *SENDER), Side(lab, *RECEIVER)
+    ends: list[StreamEnd] = []
     try:
+        ends += [sender := stream_end(lab, *SENDER), receiver := stream_end(lab, *RECEIVER)]
         sender.qp.connect(receiver.qp.endpoint(), QPAttr(qp_access_flags=ACCESS))
         receiver.qp.connect(sender.qp.endpoint(), QPAttr(qp_access_flags=ACCESS))
         for seq in range(COUNT):
             sender.mr.write(os.urandom(SIZE), offset=seq * SIZE)
             receiver.qp.post_recv(RecvWR(wr_id=seq, sg=[receiver.sge(seq)]))
         half = COUNT // 2
-        assert stream(sender, receiver, 0, half) == list(range(half))
+        assert stream(sender, receiver, 0, half, DEADLINE) == list(range(half))
         assert sender.qp.state is State.DEFAULT
         shiftctl(lab, "h0", "fail-nic", "h0_rxe0")  # h0-ens1f0np0 down: rxe's port goes DOWN with it
-        assert stream(sender, receiver, half, COUNT) == list(range(half, COUNT))
+        assert stream(sender, receiver, half, COUNT, DEADLINE) == list(range(half, COUNT))
         for seq in range(COUNT):
             assert receiver.mr.read(SIZE, seq * SIZE) == sender.mr.read(SIZE, seq * SIZE), f"message {seq}"
         assert sender.qp.state is State.FALLBACK
     finally:
-        receiver.close()
-        sender.close()
+        for end in reversed(ends):
+            end.close()
+            end.agent.close()
     with grpc.insecure_channel(f"unix:{lab.socket('h0')}") as channel:
         admin_pb2_grpc.AdminStub(channel).RecoverNic(
             admin_pb2.RecoverNicRequest(device="h0_rxe0"), timeout=30
         )
-    with IPRoute() as ipr:  # the route keeper puts back what the link going down flushed
-        assert wait_until(lambda: routekeeper.missing(lab.shape, ipr) == [], timeout=30, interval=POLL)
+    assert wait_until(lambda: routed(softroce.table(0, 0)), timeout=30, interval=POLL)  # by the route keeper
     assert wait_until(
         lambda: (
             next(n for n in list_nics(lab, "h0") if n.device == "h0_rxe0").state == common_pb2.NIC_STATE_UP
