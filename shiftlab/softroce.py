@@ -183,6 +183,10 @@ def batch(tool: str, commands: list[str], check: bool = True) -> None:
         )
 
 
+def _device(shape: Shape, i: int, r: int) -> str:
+    return list(shape.host_devices(i))[r]
+
+
 def _subnet(shape: Shape, r: int) -> str:
     return str(ipaddress.ip_network(f"{shape.rail_address(r, 0)}/{PREFIXLEN}", strict=False))
 
@@ -198,20 +202,20 @@ def _write_sysctls(netdev: str, values: dict[str, str]) -> None:
 
 def _rules() -> list[str]:
     """The lab's rules now in the kernel, as `ip rule del` arguments."""
-    with IPRoute() as ipr:
-        rules = ipr.get_rules(family=socket.AF_INET)
-    return [
-        f"pref {rule.get('priority') or 0} lookup {rule.get('table')}"
-        for rule in rules
-        if rule.get("table") in TABLES
-    ]
+    return [f"pref {pref} lookup {number}" for pref, number in _ipv4_rules() if number in TABLES]
 
 
 def _local_rule_prefs() -> list[int]:
     """The prefs of the rules that look up the local table (0 on a machine nobody changed)."""
+    return [pref for pref, number in _ipv4_rules() if number == LOCAL_TABLE]
+
+
+def _ipv4_rules() -> list[tuple[int, int]]:
+    """(pref, table) of every IPv4 rule."""
     with IPRoute() as ipr:
-        rules = ipr.get_rules(family=socket.AF_INET)
-    return [rule.get("priority") or 0 for rule in rules if rule.get("table") == LOCAL_TABLE]
+        return [
+            (rule.get("priority") or 0, rule.get("table")) for rule in ipr.get_rules(family=socket.AF_INET)
+        ]
 
 
 def _wait_ready(shape: Shape) -> None:
@@ -219,7 +223,7 @@ def _wait_ready(shape: Shape) -> None:
     waiting = _nics(shape)
     while waiting := [(i, r) for i, r in waiting if not _ready(shape, i, r)]:
         if time.monotonic() > deadline:
-            names = ", ".join(f"h{i}_rxe{r}" for i, r in waiting)
+            names = ", ".join(_device(shape, i, r) for i, r in waiting)
             raise SoftRoceError(
                 f"rxe ports not ACTIVE with their IPv4 GID after {READY_TIMEOUT:.0f} s: {names}"
             )
@@ -228,8 +232,7 @@ def _wait_ready(shape: Shape) -> None:
 
 def _ready(shape: Shape, i: int, r: int) -> bool:
     """Port 1 ACTIVE and the NIC's IPv4 address in its GID table (the GID libshift addresses it by)."""
-    device = next(d for d, netdev in shape.host_devices(i).items() if netdev == shape.nic_netdev(i, r))
-    port = SYSFS_IB / device / "ports" / "1"
+    port = SYSFS_IB / _device(shape, i, r) / "ports" / "1"
     gid = ipaddress.IPv6Address(f"::ffff:{shape.rail_address(r, i)}").exploded
     try:
         if "ACTIVE" not in (port / "state").read_text():
