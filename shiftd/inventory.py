@@ -38,9 +38,17 @@ class Inventory:
 
 
 def scan(config: Config) -> Inventory:
-    """Every RDMA port under config.monitors.sysfs_root, then the config's tcp devices."""
+    """Every RDMA port under config.monitors.sysfs_root (only monitors.rdma_devices' when it names some),
+    then the config's tcp devices."""
     ports = rdma_ports(Path(config.monitors.sysfs_root))
     found = {p.device for p in ports}
+    if wanted := config.monitors.rdma_devices:
+        if missing := [device for device in wanted if device not in found]:
+            raise InventoryError(
+                f"monitors.rdma_devices: no RDMA device {', '.join(missing)} in "
+                f"{config.monitors.sysfs_root}/class/infiniband (found: {', '.join(sorted(found)) or 'none'})"
+            )
+        ports = [p for p in ports if p.device in wanted]
     for device in config.devices:
         if device in found:
             raise InventoryError(

@@ -18,7 +18,7 @@ from shiftlab.lab import DEFAULT_NAME, SHIFTD_ENV, Lab, LabError, name_flag, req
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    lab = Lab(args.name, args.hosts, args.nics, etcd_members=args.etcd_members)
+    lab = Lab(args.name, args.hosts, args.nics, etcd_members=args.etcd_members, provider=args.provider)
     lab.up()
     print(_describe(lab))
     return 0
@@ -58,11 +58,16 @@ def _cmd_exec(args: argparse.Namespace) -> int:
 def _describe(lab: Lab) -> str:
     flag = name_flag(lab.name)
     lines = [
-        f"lab {lab.name!r} is up: {lab.shape.hosts} hosts x {lab.shape.nics} NICs (state in {lab.state_dir})",
+        f"lab {lab.name!r} is up: {lab.shape.hosts} hosts x {lab.shape.nics} NICs on {lab.shape.provider}"
+        f" (state in {lab.state_dir})",
         f"  etcd  {', '.join(lab.etcd_endpoints)} in namespace {lab.shape.mgmt_ns}",
     ]
     for host in lab.host_names:
-        lines.append(f"  {host:<5} namespace {lab.namespace(host)}, socket {lab.socket(host)}")
+        where = f"namespace {lab.namespace(host)}" if lab.namespace(host) else "the initial namespace"
+        devices = ", ".join(
+            f"{dev}={netdev}" for dev, netdev in lab.shape.host_devices(lab.index(host)).items()
+        )
+        lines.append(f"  {host:<5} {where}, socket {lab.socket(host)}, {devices}")
     lines += [
         "try:",
         f"  shift-lab exec{flag} h0 -- shiftctl nics",
@@ -78,7 +83,8 @@ def _format_status(status: dict[str, Any]) -> str:
 
     shape = status["shape"]
     health = "healthy" if status["healthy"] else "DEGRADED"
-    lines = [f"lab {status['name']!r}: {shape['hosts']} hosts x {shape['nics']} NICs, {health}"]
+    provider = shape["provider"]
+    lines = [f"lab {status['name']!r}: {shape['hosts']} hosts x {shape['nics']} NICs on {provider}, {health}"]
     namespaces = [f"{ns}{'' if ok else ' MISSING'}" for ns, ok in status["namespaces"].items()]
     lines.append(f"  namespaces: {', '.join(namespaces)}")
     for member in status["etcd"]["members"]:
@@ -89,7 +95,10 @@ def _format_status(status: dict[str, Any]) -> str:
         lines.append(f"  {host:<6} shiftd {alive(rec)}, supervisor {alive(supervisor)}{restarts}")
         lines.append(f"         socket {rec['socket']}")
         nics = [f"{dev}={netdev} {rec['addresses'][netdev]}" for dev, netdev in rec["devices"].items()]
-        lines.append(f"         {', '.join(nics)}, mgmt0 {rec['addresses'][fabric.MGMT_NETDEV]}")
+        mgmt = rec["mgmt_netdev"]
+        lines.append(f"         {', '.join(nics)}, {mgmt} {rec['addresses'][mgmt]}")
+    if keeper := status.get("route_keeper"):
+        lines.append(f"  route keeper: {alive(keeper)}")
     return "\n".join(lines)
 
 
@@ -114,7 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
         "start one shiftd per host under a supervisor that restarts it after a crash (as systemd's "
         "Restart=on-failure). Host i has 198.18.R.(10+i)/24 on rail R and 198.19.0.(10+i)/24 on mgmt0. "
         "Running it again reuses a lab of the same shape and restarts dead processes. "
-        f"{SHIFTD_ENV} overrides the daemon command.",
+        f"{SHIFTD_ENV} overrides the daemon command. With --provider rxe every NIC carries a Soft-RoCE "
+        "device hI_rxeR (the kernel's rdma_rxe) and, as rxe on kernel 6.1 sends only from there, the NICs "
+        "(hI-ens1f0np0..) and the hosts' processes stay in the initial namespace, with policy routing that "
+        "`down` removes again.",
     )
     up.add_argument("--hosts", type=int, default=2, help="number of hosts (default 2)")
     up.add_argument("--nics", type=int, default=2, help="NICs per host, one rail each (default 2)")
@@ -123,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="etcd cluster size: 1, 3 or 5 members on 198.19.0.1, .2, ... (default 1)",
+    )
+    up.add_argument(
+        "--provider",
+        choices=fabric.PROVIDERS,
+        default="tcp",
+        help="tcp: libshift's RDMA over TCP (default); rxe: the kernel's Soft-RoCE, real verbs",
     )
     up.set_defaults(func=_cmd_up)
 

@@ -134,12 +134,14 @@ class EtcdProcess:
 
     def wait_ready(self, wait: float) -> None:
         deadline = time.monotonic() + wait
+        pause = 0.05
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise EtcdError(f"etcd exited with status {self.proc.returncode}; see {self.log_path}")
             if self._healthy():
                 return
-            time.sleep(0.05)
+            time.sleep(pause)
+            pause = min(2 * pause, 0.5)  # each look runs etcdctl, which a slow machine (a VM) feels
         raise EtcdError(f"etcd did not become ready at {self.endpoint} within {wait:.0f}s")
 
     def _healthy(self) -> bool:

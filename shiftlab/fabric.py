@@ -4,6 +4,10 @@ Shaped like a rail-optimized GPU cluster: NIC r of every host plugs into rail sw
 in its own namespace), so rails are separate L2 networks; a management bridge carries etcd.
 Every veth pair is created directly across namespaces (one end in the host, its peer in the
 switch), so no link ever appears in the root namespace, not even when a step fails halfway.
+
+A lab on the rxe provider is the exception: its hosts' NICs and management ends stay in the initial
+namespace, cabled to the same switches, because rdma_rxe on kernel 6.1 sends only from there
+(shiftlab/softroce.py); their names then carry the host's (h0-ens1f0np0, h0-mgmt0).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ PREFIXLEN = 24
 MGMT_RAIL_ID = 0xFF  # stands for the management network in MAC addresses
 MAX_HOSTS = 64
 MAX_NICS = 8
+PROVIDERS = ("tcp", "rxe")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 # Strict ARP, as on real multi-rail RoCE hosts: a host answers ARP only on the NIC that owns the
 # address, so a packet forced out of one rail cannot reach a peer through another rail's address.
@@ -49,6 +54,7 @@ class Shape:
     hosts: int = 2
     nics: int = 2
     etcd_members: int = 1
+    provider: str = "tcp"  # "rxe": Soft-RoCE devices on the NICs, which stay in the initial namespace
 
     def __post_init__(self) -> None:
         if not NAME_RE.fullmatch(self.name):
@@ -63,6 +69,13 @@ class Shape:
         if self.etcd_members not in ETCD_MEMBER_COUNTS:
             counts = ", ".join(map(str, ETCD_MEMBER_COUNTS))
             raise FabricError(f"--etcd-members must be one of {counts}, not {self.etcd_members}")
+        if self.provider not in PROVIDERS:
+            raise FabricError(f"--provider must be one of {', '.join(PROVIDERS)}, not {self.provider!r}")
+
+    @property
+    def in_initial_ns(self) -> bool:
+        """Whether the hosts' netdevs (and processes) are in the initial namespace, not one each."""
+        return self.provider == "rxe"
 
     @property
     def host_names(self) -> list[str]:
@@ -80,7 +93,7 @@ class Shape:
 
     @property
     def namespaces(self) -> list[str]:
-        hosts = [self.host_ns(i) for i in range(self.hosts)]
+        hosts = [] if self.in_initial_ns else [self.host_ns(i) for i in range(self.hosts)]
         return [*hosts, *(self.rail_ns(r) for r in range(self.nics)), self.mgmt_ns]
 
     @staticmethod
@@ -91,6 +104,13 @@ class Shape:
     @staticmethod
     def rdma_device(r: int) -> str:
         return f"mlx5_{r}"
+
+    def nic_netdev(self, i: int, r: int) -> str:
+        """Host i's netdev of rail r: unique in the initial namespace when the hosts share it."""
+        return f"h{i}-{self.netdev(r)}" if self.in_initial_ns else self.netdev(r)
+
+    def mgmt_netdev(self, i: int) -> str:
+        return f"h{i}-{MGMT_NETDEV}" if self.in_initial_ns else MGMT_NETDEV
 
     @staticmethod
     def rail_address(r: int, i: int) -> str:
@@ -106,13 +126,21 @@ class Shape:
         return f"198.19.0.{1 + m}"
 
     def devices(self) -> dict[str, str]:
-        """RDMA device name -> netdev, the same on every host."""
+        """RDMA device name -> netdev, the same on every host (of the tcp provider)."""
         return {self.rdma_device(r): self.netdev(r) for r in range(self.nics)}
+
+    def host_devices(self, i: int) -> dict[str, str]:
+        """RDMA device name -> netdev of host i; rxe devices are named by host, as one kernel holds all."""
+        if not self.in_initial_ns:
+            return self.devices()
+        return {f"h{i}_rxe{r}": self.nic_netdev(i, r) for r in range(self.nics)}
 
     def host_addresses(self, i: int) -> dict[str, str]:
         """netdev -> address/prefix of host i."""
-        addresses = {self.netdev(r): f"{self.rail_address(r, i)}/{PREFIXLEN}" for r in range(self.nics)}
-        addresses[MGMT_NETDEV] = f"{self.mgmt_address(i)}/{PREFIXLEN}"
+        addresses = {
+            self.nic_netdev(i, r): f"{self.rail_address(r, i)}/{PREFIXLEN}" for r in range(self.nics)
+        }
+        addresses[self.mgmt_netdev(i)] = f"{self.mgmt_address(i)}/{PREFIXLEN}"
         return addresses
 
 
@@ -125,7 +153,7 @@ class Nic:
     address: str
 
 
-def _mac(rail: int, host: int) -> str:
+def nic_mac(rail: int, host: int) -> str:
     """A fixed, locally administered MAC per (rail, host).
 
     A re-created NIC keeps its MAC, so the peers' ARP caches stay right, as after a cable swap.
@@ -157,6 +185,7 @@ def _build(shape: Shape) -> None:
             pyroute2_netns.create(ns)
     with ExitStack() as stack:
         ipr = {ns: stack.enter_context(IPRoute(netns=ns, flags=0)) for ns in shape.namespaces}
+        initial = stack.enter_context(IPRoute()) if shape.in_initial_ns else None
         for sock in ipr.values():
             sock.link("set", index=sock.link_lookup(ifname="lo")[0], state="up")
         switches = [shape.rail_ns(r) for r in range(shape.nics)] + [shape.mgmt_ns]
@@ -166,14 +195,15 @@ def _build(shape: Shape) -> None:
         for m in range(shape.etcd_members):
             _ensure_address(mgmt, mgmt.link_lookup(ifname=BRIDGE)[0], shape.etcd_address(m))
         for i in range(shape.hosts):
-            netns.run(shape.host_ns(i), _write_sysctls, HOST_SYSCTLS)
-            host = ipr[shape.host_ns(i)]
+            if initial is None:  # the initial namespace's sysctls are softroce's, per netdev
+                netns.run(shape.host_ns(i), _write_sysctls, HOST_SYSCTLS)
+            host = initial or ipr[shape.host_ns(i)]
             port = f"h{i}"
             for r in range(shape.nics):
                 rail = shape.rail_ns(r)
-                nic = Nic(shape.netdev(r), _mac(r, i), shape.rail_address(r, i))
+                nic = Nic(shape.nic_netdev(i, r), nic_mac(r, i), shape.rail_address(r, i))
                 _ensure_nic(host, nic, ipr[rail], rail, port)
-            nic = Nic(MGMT_NETDEV, _mac(MGMT_RAIL_ID, i), shape.mgmt_address(i))
+            nic = Nic(shape.mgmt_netdev(i), nic_mac(MGMT_RAIL_ID, i), shape.mgmt_address(i))
             _ensure_nic(host, nic, mgmt, shape.mgmt_ns, port)
 
 

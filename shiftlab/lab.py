@@ -7,6 +7,10 @@ crash as systemd would on a real host, and records them in /run/shift-lab/NAME/s
 record is what lets `status`, `exec` and `down`, run later from any shell, act on exactly the
 processes `up` started: by PID checked against the kernel's start time (shiftlab.pids), so a recycled
 PID is never signalled. The CLI (shiftlab.cli) and the tests share this class.
+
+With provider "rxe" the hosts' NICs carry Soft-RoCE devices and stay in the initial namespace
+(shiftlab.softroce says why), and so do the hosts' processes: each shiftd is told which RDMA devices
+are its host's (monitors.rdma_devices), and a route keeper (shiftlab.routekeeper) runs beside them.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shiftlab import fabric, netns
+from shiftlab import fabric, netns, softroce
 from shiftlab.etcdproc import EtcdProcess
 from shiftlab.fabric import Shape
 from shiftlab.pids import Pid, stop
@@ -39,8 +43,10 @@ ETCD_PEER_PORT = 2380
 METRICS_PORT = 9477
 SHIFTD_ENV = "SHIFT_LAB_SHIFTD"  # overrides the daemon command, e.g. for a stand-in
 READY_TIMEOUT = 20.0
+ETCD_READY_TIMEOUT = 15.0  # at least; a slower machine's longer ready_timeout (a VM's) counts for etcd too
 STOP_TIMEOUT = 5.0
 RESTART_SEC = 0.5  # the supervisor's first restart delay (systemd's RestartSec)
+ROUTE_KEEPER = "routekeeper"  # its key in state.json's pids (a lab on rxe)
 
 
 class LabError(RuntimeError):
@@ -76,11 +82,12 @@ class Lab:
         nics: int = 2,
         *,
         etcd_members: int = 1,
+        provider: str = "tcp",
         shiftd_cmd: Sequence[str] | None = None,
         run_root: Path = RUN_ROOT,
         ready_timeout: float = READY_TIMEOUT,
     ) -> None:
-        self.shape = Shape(name, hosts, nics, etcd_members)
+        self.shape = Shape(name, hosts, nics, etcd_members, provider)
         self.run_root = Path(run_root)
         self.shiftd_cmd = list(shiftd_cmd) if shiftd_cmd is not None else None
         self.ready_timeout = ready_timeout
@@ -93,7 +100,12 @@ class Lab:
         if state is None:
             raise LabError(f"lab {name!r} is not up; start it with: shift-lab up{name_flag(name)}")
         return cls(
-            name, state["hosts"], state["nics"], etcd_members=state.get("etcd_members", 1), run_root=run_root
+            name,
+            state["hosts"],
+            state["nics"],
+            etcd_members=state.get("etcd_members", 1),
+            provider=state.get("provider", "tcp"),
+            run_root=run_root,
         )
 
     # names and paths
@@ -143,8 +155,14 @@ class Lab:
             raise LabError(f"no host {host!r} in lab {self.name!r} (hosts: {hosts})")
         return self.host_names.index(host)
 
-    def namespace(self, host: str) -> str:
-        return self.shape.host_ns(self.index(host))
+    def namespace(self, host: str) -> str | None:
+        """The host's network namespace; None when it is the initial one (a lab on rxe)."""
+        i = self.index(host)
+        return None if self.shape.in_initial_ns else self.shape.host_ns(i)
+
+    @property
+    def softroce_record(self) -> Path:
+        return self.state_dir / "softroce.json"
 
     def host_dir(self, host: str) -> Path:
         self.index(host)
@@ -209,7 +227,12 @@ class Lab:
     def config_text(self, host: str) -> str:
         """The shiftd config of `host` (schema: shiftd/config.py)."""
         i = self.index(host)
-        devices = "\n".join(f'{dev} = "{netdev}"' for dev, netdev in self.shape.devices().items())
+        if self.shape.in_initial_ns:  # rxe devices are found in sysfs; the host's are named
+            own = json.dumps(list(self.shape.host_devices(i)))
+            devices = f"[monitors]\nrdma_devices = {own}\n"
+        else:
+            table = "\n".join(f'{dev} = "{netdev}"' for dev, netdev in self.shape.devices().items())
+            devices = f"[devices]\n{table}\n"
         return (
             f"# written by shift-lab for lab {self.name!r}; rewritten by every `shift-lab up`\n"
             f'host = "{host}"\n\n'
@@ -217,7 +240,7 @@ class Lab:
             f"[etcd]\nendpoints = {json.dumps(self.etcd_endpoints)}\n\n"
             f'[metrics]\nlisten = "{self.shape.mgmt_address(i)}:{METRICS_PORT}"\n\n'
             "[health]\nhold_down_seconds = 1.0\n\n"
-            f"[devices]\n{devices}\n"
+            f"{devices}"
         )
 
     # operations
@@ -225,16 +248,23 @@ class Lab:
     def up(self) -> None:
         """Build what is missing and start what is not running; on failure remove all but the logs."""
         require_root()
+        if self.shape.provider == "rxe":
+            softroce.require()
         with self._locked():
             self._load_pids()
             self._check_shape()
             try:
                 fabric.build(self.shape)
+                self.state_dir.mkdir(parents=True, exist_ok=True)
+                if self.shape.provider == "rxe":
+                    softroce.build(self.shape, self.softroce_record)
                 for host in self.host_names:
                     self.host_dir(host).mkdir(parents=True, exist_ok=True)
                     self.config_path(host).write_text(self.config_text(host))
                 self._save()
                 self._ensure_etcd()
+                if self.shape.provider == "rxe":
+                    self._ensure_route_keeper()
                 self._ensure_daemons()
             except BaseException:
                 self._teardown(keep_logs=True)
@@ -266,6 +296,8 @@ class Lab:
         }
         hosts = {h: self._host_status(h, pids.get(h)) for h in self.host_names}
         processes = [etcd, *hosts.values()]
+        keeper = {"route_keeper": _process_status(pids.get(ROUTE_KEEPER))} if self.shape.in_initial_ns else {}
+        processes += keeper.values()
         return {
             "name": self.name,
             "up": state is not None,
@@ -274,11 +306,13 @@ class Lab:
                 "hosts": self.shape.hosts,
                 "nics": self.shape.nics,
                 "etcd_members": self.shape.etcd_members,
+                "provider": self.shape.provider,
             },
             "state_dir": str(self.state_dir),
             "namespaces": namespaces,
             "etcd": etcd,
             "hosts": hosts,
+            **keeper,
         }
 
     def exec_command(self, host: str, argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
@@ -288,9 +322,9 @@ class Lab:
             raise LabError(
                 f"nothing to run: give a command after --, e.g. shift-lab exec {host} -- shiftctl nics"
             )
-        if not netns.exists(ns):
+        if ns is not None and not netns.exists(ns):
             raise LabError(f"namespace {ns} is missing; run: shift-lab up{name_flag(self.name)}")
-        return netns.command(ns, argv), self.host_env(host)
+        return self._on_host(host, argv), self.host_env(host)
 
     # internals
 
@@ -311,12 +345,22 @@ class Lab:
     def _check_shape(self) -> None:
         state = _read_json(self.state_path)
         down = f"shift-lab down{name_flag(self.name)}"
-        shape = (self.shape.hosts, self.shape.nics, self.shape.etcd_members)
-        if state and (state["hosts"], state["nics"], state.get("etcd_members", 1)) != shape:
+        shape = (self.shape.hosts, self.shape.nics, self.shape.etcd_members, self.shape.provider)
+        if state and _shape_of(state) != shape:
             raise LabError(
                 f"lab {self.name!r} is up with {state['hosts']} hosts x {state['nics']} NICs"
-                f" and {_members(state.get('etcd_members', 1))}; run `{down}` first to change its shape"
+                f" and {_members(state.get('etcd_members', 1))} on provider {state.get('provider', 'tcp')};"
+                f" run `{down}` first to change its shape"
             )
+        if self.shape.provider == "rxe":
+            others = [
+                p.parent.name for p in self.run_root.glob("*/softroce.json") if p.parent.name != self.name
+            ]
+            if others:
+                raise LabError(
+                    f"lab {others[0]!r} runs on rxe already, and the initial namespace that holds its NICs"
+                    f" takes one such lab; run `shift-lab down{name_flag(others[0])}` first"
+                )
         stray = sorted(set(fabric.present(self.name)) - set(self.namespaces))
         if stray:
             raise LabError(
@@ -329,6 +373,7 @@ class Lab:
             "hosts": self.shape.hosts,
             "nics": self.shape.nics,
             "etcd_members": self.shape.etcd_members,
+            "provider": self.shape.provider,
             "pids": {key: {"pid": p.pid, "start": p.start} for key, p in self._pids.items()},
             "etcd": {
                 "endpoints": self.etcd_endpoints,
@@ -349,7 +394,8 @@ class Lab:
             "config": str(self.config_path(host)),
             "log": str(self.log_path(host)),
             "metrics": f"{self.shape.mgmt_address(i)}:{METRICS_PORT}",
-            "devices": self.shape.devices(),
+            "devices": self.shape.host_devices(i),
+            "mgmt_netdev": self.shape.mgmt_netdev(i),
             "addresses": self.shape.host_addresses(i),
         }
 
@@ -386,7 +432,10 @@ class Lab:
             for m in dead
         }
         with ThreadPoolExecutor(max_workers=max(1, len(processes))) as pool:
-            started = {key: pool.submit(p.start) for key, p in processes.items()}
+            started = {
+                key: pool.submit(p.start, max(ETCD_READY_TIMEOUT, self.ready_timeout))
+                for key, p in processes.items()
+            }
         for key, process in processes.items():
             if process.proc is not None:
                 self._pids[key] = Pid.of(process.proc.pid)
@@ -404,6 +453,24 @@ class Lab:
                 self._save()
         for host, proc in started.items():
             self._wait_ready(host, proc)
+
+    def _ensure_route_keeper(self) -> None:
+        pid = self._pids.get(ROUTE_KEEPER)
+        if pid is not None and pid.alive():
+            return
+        shape = self.shape
+        argv = [sys.executable, "-m", "shiftlab.routekeeper", shape.name, str(shape.hosts), str(shape.nics)]
+        with open(self.state_dir / f"{ROUTE_KEEPER}.log", "ab") as log:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
+        self._pids[ROUTE_KEEPER] = Pid.of(proc.pid)
+        self._save()
+
+    def _on_host(self, host: str, argv: Sequence[str]) -> list[str]:
+        """argv run on `host`: inside its namespace, or as it is where hosts share the initial one."""
+        ns = self.namespace(host)
+        return list(argv) if ns is None else netns.command(ns, argv)
 
     def _shiftd_argv(self) -> list[str]:
         if self.shiftd_cmd is not None:
@@ -428,7 +495,7 @@ class Lab:
             "--listen", str(self.socket(host)),  # held across the daemon's restarts, as shiftd.socket is
             "--", *self._shiftd_argv(), "--config", str(self.config_path(host)),
         ]  # fmt: skip
-        argv = netns.command(self.namespace(host), supervise)
+        argv = self._on_host(host, supervise)
         with open(self.log_path(host), "ab") as log:
             return subprocess.Popen(
                 argv,
@@ -463,6 +530,9 @@ class Lab:
             stop([p for _, p in live], STOP_TIMEOUT)
             done += [f"stopped {_what(k)} (pid {p.pid})" for k, p in live]
         self._pids = {}
+        done += softroce.destroy(
+            self.softroce_record
+        )  # before the fabric: it deletes the rxe devices' netdevs
         done += [f"removed namespace {ns}" for ns in fabric.destroy(self.name)]
         if self.state_dir.exists():
             _discard(self.state_dir, keep_logs)
@@ -473,7 +543,13 @@ class Lab:
 
 
 def _what(key: str) -> str:
+    if key == ROUTE_KEEPER:
+        return "the route keeper"
     return key if key.startswith("etcd") else f"shiftd and its supervisor on {key}"
+
+
+def _shape_of(state: dict[str, Any]) -> tuple[int, int, int, str]:
+    return state["hosts"], state["nics"], state.get("etcd_members", 1), state.get("provider", "tcp")
 
 
 def _members(count: int) -> str:

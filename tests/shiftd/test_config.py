@@ -67,6 +67,7 @@ mlx5_1 = "ens2f0np0"
         ("[metrics]\nlisten = 'localhost'", "metrics.listen: 'localhost' is not HOST:PORT"),
         ("[health]\nhold_down_seconds = -1", "health.hold_down_seconds: must not be negative"),
         ("[monitors]\nnetlink = 'yes'", "monitors.netlink: must be true or false"),
+        ("[monitors]\nrdma_devices = []", "monitors.rdma_devices: must be a non-empty list of strings"),
         ("log_level = 'loud'", "log_level: must be one of"),
         ("host = 'bad host'", "host: 'bad host' is not a valid host name"),
         ("[devices]\nmlx5_0 = 'name-far-too-long'", "devices.mlx5_0: 'name-far-too-long' is not a valid"),

@@ -64,6 +64,23 @@ def test_config_device_named_like_an_rdma_device_is_a_clear_error() -> None:
     assert "RDMA device mlx5_1" in message
 
 
+def test_rdma_devices_keeps_only_the_hosts_own() -> None:
+    """A lab holding several hosts' rxe devices on one kernel tells each shiftd which are its own."""
+    own = Config(monitors=MonitorsConfig(sysfs_root=str(FIXTURE), rdma_devices=("mlx5_2", "mlx5_0")))
+    assert [nic.device for nic in scan(own).nics] == ["mlx5_0", "mlx5_2"]
+    assert [p.device for p in scan(own).rdma_ports] == ["mlx5_0", "mlx5_2"]
+
+
+def test_rdma_devices_naming_an_absent_device_is_a_clear_error() -> None:
+    absent = Config(monitors=MonitorsConfig(sysfs_root=str(FIXTURE), rdma_devices=("mlx5_0", "rxe7")))
+    with pytest.raises(InventoryError) as info:
+        scan(absent)
+    assert str(info.value) == (
+        f"monitors.rdma_devices: no RDMA device rxe7 in {FIXTURE}/class/infiniband"
+        " (found: mlx5_0, mlx5_1, mlx5_2)"
+    )
+
+
 def test_no_rdma_hardware_means_config_devices_only(tmp_path: Path) -> None:
     inventory = scan(config(tmp_path, {"tcp0": "veth0"}))
     assert inventory.nics == (NicSpec("tcp0", "veth0", "tcp"),)

@@ -11,10 +11,12 @@ import itertools
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -183,7 +185,7 @@ def test_status_json_reports_a_healthy_lab(running: Lab) -> None:
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
     assert status["up"] and status["healthy"]
-    assert status["shape"] == {"hosts": 2, "nics": 2, "etcd_members": 1}
+    assert status["shape"] == {"hosts": 2, "nics": 2, "etcd_members": 1, "provider": "tcp"}
     assert status["namespaces"] == {ns: True for ns in running.namespaces}
     assert status["etcd"]["alive"] and status["etcd"]["endpoint"] == "198.19.0.1:2379"
     assert status["hosts"]["h0"]["alive"] and status["hosts"]["h1"]["alive"]
@@ -317,6 +319,47 @@ def test_a_daemon_that_never_listens_times_out(lab_name: str) -> None:
     ):
         lab.up()
     assert fabric.present(lab_name) == []
+
+
+def test_an_rxe_lab_config_names_the_hosts_own_rxe_devices() -> None:
+    lab = Lab("cfg", hosts=3, nics=2, provider="rxe")
+    for i, host in enumerate(lab.host_names):
+        cfg = config.parse(tomllib.loads(lab.config_text(host)))
+        assert cfg.monitors.rdma_devices == (f"h{i}_rxe0", f"h{i}_rxe1")
+        assert cfg.devices == {}  # no tcp devices: the NICs are RDMA devices
+    assert lab.shape.host_devices(2) == {"h2_rxe0": "h2-ens1f0np0", "h2_rxe1": "h2-ens2f0np0"}
+    assert lab.namespace("h1") is None  # rxe sends only from the initial namespace (shiftlab.softroce)
+    assert lab.namespaces == ["cfg-rail0", "cfg-rail1", "cfg-mgmt"]
+
+
+def test_rxe_without_the_rdma_tool_is_one_line(lab_name: str, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"  # the tools the lab needs, but not rdma(8)
+    bin_dir.mkdir()
+    for tool in ("ip", "modprobe"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    result = subprocess.run(
+        [*SHIFT_LAB, "up", "--name", lab_name, "--provider", "rxe"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": str(bin_dir)},
+        timeout=90,
+    )
+    line = one_line_error(result)
+    assert line == (
+        "shift-lab: --provider rxe needs the rdma tool, which is not installed (apt-get install iproute2)"
+    )
+    assert fabric.present(lab_name) == []
+
+
+def test_rxe_on_a_kernel_without_rdma_rxe_is_one_line(lab_name: str) -> None:
+    if subprocess.run(["modprobe", "--dry-run", "--quiet", "rdma_rxe"]).returncode == 0:
+        pytest.skip("this kernel has rdma_rxe: tests/shiftlab/test_lab_rxe.py runs the rxe lab on it")
+    before = root_links()
+    line = one_line_error(cli("up", "--name", lab_name, "--provider", "rxe"))
+    assert line.startswith("shift-lab: --provider rxe: this kernel cannot load rdma_rxe (")
+    assert line.endswith("); use --provider tcp")
+    assert fabric.present(lab_name) == []
+    assert root_links() == before
 
 
 def test_a_missing_daemon_command_is_one_line(lab_name: str) -> None:
