@@ -118,8 +118,8 @@ def print_steps(results: dict[str, dict[str, Any]]) -> None:
                 f"   ({len(times)}/{len(samples)} trials)"
             )
     print("\nnic_event: the NIC event reached the context; switch: a QP began to leave its path;")
-    print("old_path_stopped: nothing more lands there, its count is final; count_sent: the count is")
-    print("written on the new path; peer_count: the peer's came; replay_posted: what the peer lacks")
+    print("old_path_stopped: nothing more lands there, its count is final; count_sent: the count goes")
+    print("out on the new path; peer_count: the peer's came; replay_posted: what the peer lacks")
     print("is posted on the new path.")
 
 

@@ -1,8 +1,8 @@
 """The moments of each switch's steps, kept only while a diagnostic asks for them.
 
 `bench/failover_downtime.py --steps` turns them on in both peers to show where a failover's downtime goes:
-when the NIC event reached the context, and when each QP began to switch, had stopped its old path, had
-sent its receive count, had the peer's count, and had posted its replay. The times are CLOCK_MONOTONIC,
+when the NIC event reached the context, and when each QP began to switch, had stopped its old path, began
+to send its receive count, had the peer's count, and had posted its replay. The times are CLOCK_MONOTONIC,
 which every process of the machine shares, so both peers' steps line up with the instant of the fault.
 Off (the default) a step costs a call and the test of one global: the steps are on the switch's path,
 never on the per-message one.

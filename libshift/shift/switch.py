@@ -85,8 +85,9 @@ class Switcher:
         previous, self._move = self._move, Move(reason, started, len(moved), left)
         if not resumed:  # leaving a switch that never resumed: report the two as one move
             self._merge(previous, to)
-        notify.send_count(qp.qps[to], qp.targets[to], qp.ledger.received)
+        # noted before the post: the peer may have our count and resume before the post returns to us
         steps.note(qp.qp_num, "count_sent")
+        notify.send_count(qp.qps[to], qp.targets[to], qp.ledger.received)
         log.info("QP %d: switching to the %s path (%s)", qp.qp_num, to, reason)
         if self._peer_count[to] is not None:
             self._resume()

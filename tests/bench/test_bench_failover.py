@@ -48,9 +48,9 @@ BEFORE = [
     ("h0 nic_event", "h0 switch"),
     ("h0 switch", "h0 old_path_stopped"),
     ("h0 old_path_stopped", "h0 count_sent"),
-    ("h0 switch", "h1 peer_count"),
+    ("h0 count_sent", "h1 peer_count"),
     ("h1 peer_count", "h1 switch"),
-    ("h1 switch", "h0 peer_count"),
+    ("h1 count_sent", "h0 peer_count"),
     ("h0 peer_count", "h0 replay_posted"),
 ]
 
