@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -60,7 +61,6 @@ def stderr_log(text: str) -> None:
 def run(job: Job, out: BinaryIO | None = None, log: Log = stderr_log) -> int:
     """Run job.argv in the VM; its output goes to `out` (stdout), progress to `log`; returns its exit
     code. Raises RxeError when the VM could not run it."""
-    _check_visible(job)
     kernel = host.ensure_packages(job.install, log)
     _compile(CODE_ROOT, Path(job.cwd))
     qemu = host.qemu()
@@ -87,11 +87,25 @@ def _compile(*trees: Path) -> None:
         compileall.compile_dir(folder, quiet=1, workers=0)
 
 
-def _check_visible(job: Job) -> None:
-    """The guest mounts its own /tmp, /run and /dev/shm over the host's: what is there it cannot see."""
-    for path in (job.cwd, job.argv[0]):
-        if any(Path(path).is_relative_to(own) for own in GUEST_OWN):
-            raise RxeError(f"{path}: the guest has its own {GUEST_OWN}; use a path outside them")
+def kept_paths(job: Job) -> list[str]:
+    """The host's folders under the guest's own /tmp, /run and /dev/shm (tmpfs there, init.sh) that the job
+    needs: its cwd, the code tree, the Python (a checkout and its venv under /tmp, as a CI clone may be).
+    init.sh mounts them again over the guest's tmpfs, read-only like the rest of the host's tree."""
+    needed = {job.cwd: Path(job.cwd), str(CODE_ROOT): CODE_ROOT, sys.executable: Path(sys.executable).parent}
+    if os.path.isabs(job.argv[0]):
+        needed[job.argv[0]] = Path(job.argv[0]).parent
+    hidden = set()
+    for shown, folder in needed.items():
+        own = next((own for own in GUEST_OWN if folder.is_relative_to(own)), None)
+        if own is None:
+            continue
+        if str(folder) == own or ":" in str(folder) or any(c.isspace() for c in str(folder)):
+            raise RxeError(
+                f"{shown}: the guest has its own {own}; use a folder of its own, without ':' or spaces"
+            )
+        hidden.add(folder)
+    outermost = [p for p in hidden if not any(p != q and p.is_relative_to(q) for q in hidden)]
+    return sorted(str(p) for p in outermost)
 
 
 def _boot(job: Job, kernel: Kernel, qemu: str, accel: str, out: BinaryIO, log: Log) -> int:
@@ -112,7 +126,7 @@ def _boot(job: Job, kernel: Kernel, qemu: str, accel: str, out: BinaryIO, log: L
                 }
             )
         )
-        argv = qemu_argv(qemu, kernel, work, accel, job.memory, job.cpus)
+        argv = qemu_argv(qemu, kernel, work, accel, job.memory, job.cpus, kept_paths(job))
         started = time.monotonic()
         log(f"booting {kernel.version} under {accel.upper()} ({job.cpus} CPUs, {job.memory})")
         proc = subprocess.Popen(
@@ -150,7 +164,9 @@ def _die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def qemu_argv(qemu: str, kernel: Kernel, work: Path, accel: str, memory: str, cpus: int) -> list[str]:
+def qemu_argv(
+    qemu: str, kernel: Kernel, work: Path, accel: str, memory: str, cpus: int, keep: Sequence[str] = ()
+) -> list[str]:
     """The host's / read-only as the guest's root (9p tag /dev/root, as virtme's initramfs expects), the
     work share read-write (tag work), the console on stdout; no reboot, so that a panic ends QEMU."""
     for path in (work, CODE_ROOT, Path(sys.executable)):
@@ -162,6 +178,8 @@ def qemu_argv(qemu: str, kernel: Kernel, work: Path, accel: str, memory: str, cp
         f"console=ttyS0 quiet loglevel=1 panic=-1 init={INIT} shiftlab.work={work} "
         f"shiftlab.python={sys.executable} shiftlab.code={CODE_ROOT}"
     )
+    if keep:
+        cmdline += f" shiftlab.keep={':'.join(keep)}"
     return [
         qemu, "-accel", accel_arg, "-machine", "q35", "-cpu", "max", "-smp", str(cpus), "-m", memory,
         "-nodefaults", "-no-reboot", "-display", "none", "-serial", "stdio",

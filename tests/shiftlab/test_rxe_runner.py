@@ -84,7 +84,7 @@ def runner(tmp_path, monkeypatch):
         monkeypatch.setattr(host, "qemu", lambda: fake_qemu(tmp_path, guest))
         out = io.BytesIO()
         try:
-            # cwd "/": the stand-in guest needs none, and the checkout may be under /tmp (the guest's own)
+            # cwd "/": the stand-in guest needs none
             rc = vm.run(vm.Job(**{"argv": ["true"], "cwd": "/", **job}), out, progress.append)
             return rc, out.getvalue()
         finally:
@@ -157,6 +157,17 @@ def test_the_cli_turns_an_error_into_one_line_and_exit_125(monkeypatch, capsys):
     )
 
 
-def test_a_command_under_the_guests_own_tmp_is_refused_before_booting(runner):
-    with pytest.raises(RxeError, match=r"^/tmp/x\.sh: the guest has its own"):
+def test_a_checkout_under_tmp_is_kept_visible_over_the_guests_own_tmp(monkeypatch):
+    monkeypatch.setattr(vm, "CODE_ROOT", Path("/tmp/clone"))
+    monkeypatch.setattr(vm.sys, "executable", "/tmp/clone/.venv/bin/python")
+    job = vm.Job(argv=["/tmp/clone/.venv/bin/python", "-m", "pytest"], cwd="/tmp/clone")
+    assert vm.kept_paths(job) == ["/tmp/clone"]  # the folders inside it come with it
+    assert vm.kept_paths(vm.Job(argv=["true"], cwd="/run/x")) == ["/run/x", "/tmp/clone"]
+    kernel = Kernel("6.1.0-57-amd64", Path("/boot/k"))
+    cmdline = vm.qemu_argv("qemu", kernel, Path("/w"), "tcg", "4G", 2, ["/run/x", "/tmp/clone"])
+    assert "shiftlab.keep=/run/x:/tmp/clone" in cmdline[cmdline.index("-append") + 1].split()
+
+
+def test_a_command_directly_in_the_guests_own_tmp_is_refused_before_booting(runner):
+    with pytest.raises(RxeError, match=r"^/tmp/x\.sh: the guest has its own /tmp"):
         runner("exit 1\n", argv=["/tmp/x.sh"])
