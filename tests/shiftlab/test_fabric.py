@@ -14,6 +14,7 @@ from pyroute2 import IPRoute
 
 from shiftlab import fabric, netns
 from shiftlab.fabric import FabricError, Shape
+from shiftlab.veth import VethPair
 
 pytestmark = pytest.mark.lab
 
@@ -174,3 +175,17 @@ def test_bad_shapes_are_refused_with_one_line(kwargs: dict, message: str) -> Non
     with pytest.raises(FabricError, match=message) as info:
         Shape(**kwargs)
     assert "\n" not in str(info.value)
+
+
+def test_a_veth_pair_is_operational_before_it_is_handed_over() -> None:
+    """Both ends UP as the kernel says it (the link watcher has attached their qdiscs), not only set up:
+    what is sent at once must not be dropped."""
+    with VethPair(f"vp{os.getpid() % 100000}", subnet="198.18.93") as pair:
+        for host in pair.hosts:
+            assert netns.run(host.netns, operstate, host.netdev) == "UP", host
+
+
+def operstate(netdev: str) -> str:
+    with IPRoute() as ipr:
+        (link,) = ipr.get_links(ifname=netdev)
+        return link.get_attr("IFLA_OPERSTATE")
