@@ -64,7 +64,8 @@ def test_without_shiftd_it_is_a_plain_context_and_says_so_once(
         b.qp.post_recv(RecvWR(wr_id=7, sg=[SGE(b.mr.buf, 64, b.mr.lkey)]))
         a.mr.write(b"hello, plain world")
         a.qp.post_send(SendWR(wr_id=1, sg=[SGE(a.mr.buf, 18, a.mr.lkey)]))
-        assert a.wait().wr_id == 1
+        sent = a.wait()
+        assert (sent.wr_id, sent.status) == (1, e.IBV_WC_SUCCESS), sent
         got = b.wait()
         assert (got.wr_id, got.status, got.byte_len) == (7, e.IBV_WC_SUCCESS, 18)
         assert b.mr.read(18) == b"hello, plain world"
