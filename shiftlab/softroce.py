@@ -29,6 +29,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from shiftlab.fabric import MAX_HOSTS, MAX_NICS, PREFIXLEN, FabricError, Shape, nic_mac
+from shiftlab.rxe.network import SYSFS_IB
 
 RULE_PREF = 20  # the lab's rules: after those of shiftlab/rxe/network.py (10-13), before the local table
 LOCAL_PREF = 100  # where the local table's rule moves to (network.py moves it there too)
@@ -39,7 +40,6 @@ NIC_SYSCTLS = {"accept_local": "1", "rp_filter": "0", "arp_ignore": "1", "arp_an
 MGMT_SYSCTLS = {"arp_ignore": "1", "arp_announce": "2"}  # several hosts' ends on one subnet: answer for own
 RP_FILTER_ALL = Path("/proc/sys/net/ipv4/conf/all/rp_filter")  # counts as the max with each netdev's
 LOCAL_TABLE = 255
-SYSFS_IB = Path("/sys/class/infiniband")
 READY_TIMEOUT = 60.0
 BATCH = {"ip": ("-force", "-batch", "-"), "rdma": ("-f", "-b", "-")}  # each tool spells it its own way
 

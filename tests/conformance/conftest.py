@@ -20,7 +20,6 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from labs import running_lab
@@ -28,10 +27,10 @@ from labs import running_lab
 from libshift.verbs import CQ, MR, PD, QP, WC, CompChannel, Context, QPAttr, QPCap, QPInitAttr
 from libshift.verbs import enums as e
 from shiftlab.lab import Lab
+from shiftlab.rxe.network import SYSFS_IB
 
 PROVIDERS = os.environ.get("SHIFT_TEST_PROVIDER", "tcp").split(",")
 ALL_ACCESS = e.ALL_ACCESS
-SYSFS_IB = Path("/sys/class/infiniband")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -28,12 +28,12 @@ from stream_harness import BOTH, PATH_LOST, Bed, Fault, admin, assert_intact, ru
 from libshift.api.shift.v1 import admin_pb2, common_pb2
 from libshift.verbs import get_device_list
 from shiftlab.etcdproc import EtcdProcess
+from shiftlab.rxe.network import SYSFS_IB
 
 pytestmark = [pytest.mark.lab, pytest.mark.soft_roce, pytest.mark.timeout(600)]
 
 NICS = {"h0": ("rxe0", "rxe2"), "h1": ("rxe1", "rxe3")}  # each host's default, then its backup
 BACKUPS = ",".join(f"{default}={backup}" for default, backup in NICS.values())
-SYSFS_IB = Path("/sys/class/infiniband")
 PATIENCE = 6.0  # TCG runs the peers about that many times slower than the lab's hosts
 # small streams (the point is correctness), and peers that leave the VM's two CPUs to shiftd when idle
 SENDER = ("--rate", "200", "--progress", "50", "--idle", "0.002")

@@ -15,7 +15,6 @@ import re
 import socket
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -30,6 +29,7 @@ from libshift.verbs import QPAttr, RecvWR
 from libshift.verbs import enums as e
 from shiftlab import fabric, softroce
 from shiftlab.lab import Lab
+from shiftlab.rxe.network import SYSFS_IB
 
 pytestmark = [pytest.mark.lab, pytest.mark.soft_roce, pytest.mark.timeout(600)]
 
@@ -150,6 +150,6 @@ def test_a_send_across_two_hosts_fails_over_on_fail_nic(lab: Lab, monkeypatch: p
 def test_down_leaves_the_machine_as_it_was(lab: Lab, before: dict[str, str]) -> None:
     lab.down()
     assert fabric.present(lab.name) == []
-    assert not any(Path("/sys/class/infiniband").glob("h*_rxe*"))
+    assert not any(SYSFS_IB.glob("h*_rxe*"))
     after = machine_routing()
     assert after == before
