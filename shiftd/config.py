@@ -69,6 +69,7 @@ class MonitorsConfig:
     rdma_sysfs: bool = True
     sysfs_root: str = "/sys"
     rdma_poll_seconds: float = 0.5
+    rdma_async_events: bool = True  # read the ports at once on a device's PORT_ERR / PORT_ACTIVE
     # the RDMA devices in sysfs that are this host's; empty: every one (a lab on one kernel lists its host's)
     rdma_devices: tuple[str, ...] = ()
 

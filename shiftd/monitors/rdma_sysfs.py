@@ -7,15 +7,20 @@ A port whose files vanish (device removed) reads as state DOWN with an empty phy
 A link that goes down and comes back between two polls leaves only one trace: counters/link_downed
 went up. The monitor reports such a flap as it happened, a DOWN (phys_state MISSED_FLAP) and then the
 state read now, so the health tracker's flap damping holds the NIC as it would for a flap it saw.
+
+Where rdma-core can open the devices, their async events (PORT_ERR, PORT_ACTIVE, shiftd.async_events)
+cut the wait: an event makes the monitor read the ports at once rather than at the next poll.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shiftd.async_events import AsyncPortEvents
 from shiftd.inventory import port_status
 from shiftd.monitors import register
 from shiftd.nic import PortStatus
@@ -29,7 +34,8 @@ DOWN_STATES = ("DOWN", "NOP")
 
 
 class RdmaSysfsMonitor:
-    """Polls the given (device, port) pairs every `interval` seconds and reports changes."""
+    """Polls the given (device, port) pairs every `interval` seconds, and at once on a device's async
+    event when `async_events` is set, and reports changes."""
 
     def __init__(
         self,
@@ -37,11 +43,14 @@ class RdmaSysfsMonitor:
         ports: Iterable[tuple[str, int]],
         interval: float,
         on_port: Callable[[PortStatus], None],
+        async_events: bool = False,
     ) -> None:
         self.sysfs_root = Path(sysfs_root)
         self.ports = tuple(ports)
         self.interval = interval
         self.on_port = on_port
+        self.async_events = async_events
+        self.events: AsyncPortEvents | None = None  # while run() runs with async_events
         self._last: dict[tuple[str, int], PortStatus] = {}
 
     def poll(self) -> list[PortStatus]:
@@ -61,9 +70,33 @@ class RdmaSysfsMonitor:
 
     async def run(self) -> None:
         """Report every port at once, then each change, until cancelled."""
-        while True:
-            self.poll()
-            await asyncio.sleep(self.interval)
+        loop, woken = asyncio.get_running_loop(), asyncio.Event()
+        try:
+            self.poll()  # first: shiftd answers once every port has a state, and opening devices takes time
+            if self.async_events:
+                self.events = await self._open_events(lambda _: loop.call_soon_threadsafe(woken.set))
+            while True:
+                woken.clear()  # before the read: an event that comes during it brings another
+                self.poll()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), self.interval)
+        finally:
+            if self.events is not None:
+                self.events.close()
+                self.events = None
+
+    async def _open_events(self, on_event: Callable[[str], None]) -> AsyncPortEvents:
+        """The devices' event readers, opened off the loop (seconds under emulation); closed when the
+        monitor is cancelled meanwhile, once the opening ends."""
+        devices = {device for device, _ in self.ports}
+        opening = asyncio.get_running_loop().run_in_executor(None, AsyncPortEvents, devices, on_event)
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            opening.add_done_callback(
+                lambda done: done.cancelled() or done.exception() or done.result().close()
+            )
+            raise
 
 
 def missed_flap(last: PortStatus, now: PortStatus) -> bool:
@@ -79,4 +112,6 @@ def _from_config(config: MonitorsConfig, nics: NicTable) -> RdmaSysfsMonitor | N
     ports = [(r.spec.device, r.spec.port) for r in nics.records.values() if r.spec.provider == "verbs"]
     if not (config.rdma_sysfs and ports):
         return None
-    return RdmaSysfsMonitor(config.sysfs_root, ports, config.rdma_poll_seconds, nics.port_changed)
+    return RdmaSysfsMonitor(
+        config.sysfs_root, ports, config.rdma_poll_seconds, nics.port_changed, config.rdma_async_events
+    )

@@ -9,7 +9,9 @@ blackhole on veth0 fails the link silently, links up, so only the ack deadline f
 
 One etcd and one shiftd inside the VM for the module serve both sides (the shift layer exchanges backup
 endpoints through them). shiftd watches the four rxe devices as RDMA devices: its inventory from
-/sys/class/infiniband, their port state from sysfs. The policy's "the next NICs of the host" cannot tell
+/sys/class/infiniband, their port state from sysfs, read when their async events (PORT_ERR, PORT_ACTIVE)
+say it moved; its poll of the ports is set to an hour, so that only the events can explain a port state
+seen moving within a test. The policy's "the next NICs of the host" cannot tell
 the hosts apart on one kernel (rxe0's next NIC is its own peer), so SHIFT_BACKUP_DEVICES names the backups.
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,7 @@ from stream_harness import BOTH, PATH_LOST, Bed, Fault, admin, assert_intact, ru
 from libshift.api.shift.v1 import admin_pb2, common_pb2
 from libshift.verbs import get_device_list
 from shiftlab.etcdproc import EtcdProcess
-from shiftlab.rxe.network import SYSFS_IB
+from shiftlab.rxe.network import ENDS, SYSFS_IB
 
 pytestmark = [pytest.mark.lab, pytest.mark.soft_roce, pytest.mark.timeout(600)]
 
@@ -38,10 +40,10 @@ PATIENCE = 6.0  # TCG runs the peers about that many times slower than the lab's
 # small streams (the point is correctness), and peers that leave the VM's two CPUs to shiftd when idle
 SENDER = ("--rate", "200", "--progress", "50", "--idle", "0.002")
 RECEIVER = ("--idle", "0.002")
-
-
-def netdev(device: str) -> str:
-    return f"veth{device.removeprefix('rxe')}"  # rxe{n} runs on veth{n} (shiftlab/rxe/network.py)
+NETDEV = {end.device: end.netdev for end in ENDS}
+# shiftd reads the ports at once on their async events; this poll would come too late for any wait here,
+# so a port state these tests see moving came from an event
+EVENTS_ONLY = {"rdma_poll_seconds": 3600.0}
 
 
 class RxeBed:
@@ -50,8 +52,9 @@ class RxeBed:
     patience = PATIENCE
     host_names = list(NICS)
 
-    def __init__(self, socket: str) -> None:
+    def __init__(self, socket: str, log: Callable[[], str]) -> None:
         self._socket = Path(socket)
+        self.log = log  # shiftd's log so far
 
     def exec_command(self, host: str, argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
         env = {**os.environ, "SHIFT_SOCKET": str(self._socket), "SHIFT_BACKUP_DEVICES": BACKUPS}
@@ -74,11 +77,13 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RxeBed]:
         )
     tmp = tmp_path_factory.mktemp("rxe")
     etcd = EtcdProcess(data_dir=tmp / "etcd", log_path=tmp / "etcd.log")
-    daemon = DaemonProcess(tmp / "shiftd", sections={"etcd": {"endpoints": [etcd.endpoint]}})
+    etcd_patience = {"endpoints": [etcd.endpoint], "timeout_seconds": 2 * PATIENCE}  # etcd under TCG
+    sections = {"etcd": etcd_patience, "monitors": EVENTS_ONLY}
+    daemon = DaemonProcess(tmp / "shiftd", sections=sections)
     try:
         etcd.start(wait=120)  # under TCG a start takes seconds
         daemon.start(timeout=120)
-        yield RxeBed(daemon.socket)
+        yield RxeBed(daemon.socket, daemon.log)
     finally:
         daemon.stop()
         etcd.kill()
@@ -116,7 +121,7 @@ def link(device: str) -> Fault:
     pair = [NICS["h0"][0], NICS["h1"][0]]
 
     def set_link(bed: Bed, how: str, port: str) -> None:
-        subprocess.run(["ip", "link", "set", netdev(device), how], check=True)
+        subprocess.run(["ip", "link", "set", NETDEV[device], how], check=True)
         wait_ports(bed, pair, port)
 
     return Fault(
@@ -129,7 +134,7 @@ def link(device: str) -> Fault:
 
 def blackhole() -> Fault:
     """tc drops all that h0's default device sends, links up: no shiftd sees it, h0's sends time out."""
-    dev = ["dev", netdev(NICS["h0"][0]), "root"]
+    dev = ["dev", NETDEV[NICS["h0"][0]], "root"]
     return Fault(
         "h0",
         "error_completion",
@@ -148,7 +153,8 @@ def test_shiftd_watches_the_rxe_devices_it_found_in_sysfs(bed: RxeBed) -> None:
     assert sorted(found) == sorted(path.name for path in SYSFS_IB.iterdir()), found.keys()  # no tcp device
     for device, nic in found.items():
         seen = (nic.provider, nic.netdev, nic.port_state, common_pb2.NicState.Name(nic.state))
-        assert seen == ("verbs", netdev(device), "ACTIVE", "NIC_STATE_UP"), device
+        assert seen == ("verbs", NETDEV[device], "ACTIVE", "NIC_STATE_UP"), device
+    assert f"watching the async events of {', '.join(sorted(found))}" in bed.log()
 
 
 @pytest.mark.parametrize("mode", ["send", "write_imm", "write_read"])

@@ -118,3 +118,28 @@ async def _run_down_and_back(sysfs: Path) -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+def test_with_async_events_on_devices_rdma_core_does_not_list_it_polls_as_before(sysfs: Path) -> None:
+    """The fixture's devices are no device of rdma-core here (no RDMA on this kernel, or not these
+    names): nothing is opened, the poll carries on, and cancelling leaves nothing open."""
+    asyncio.run(_run_with_events(sysfs))
+
+
+async def _run_with_events(sysfs: Path) -> None:
+    seen: asyncio.Queue[PortStatus] = asyncio.Queue()
+    monitor = RdmaSysfsMonitor(sysfs, [("mlx5_0", 1)], 0.02, seen.put_nowait, async_events=True)
+    task = asyncio.create_task(monitor.run())
+    try:
+        assert (await asyncio.wait_for(seen.get(), 2)).state == "ACTIVE"
+        async with asyncio.timeout(30):  # rdma-core lists its devices (importing pyverbs first)
+            while monitor.events is None:
+                await asyncio.sleep(0.01)
+        assert monitor.events.contexts == {}
+        set_port(sysfs, "mlx5_0", "1: DOWN", "2: Polling", downed=1)
+        await arrives(seen, PortStatus("mlx5_0", 1, "DOWN", "Polling", 1))
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert monitor.events is None
