@@ -2,7 +2,8 @@
 
 REARM(path) goes to the peer over the path in use; the peer re-arms its side and answers ARMED(path), and
 only then do we arm ours (each side arms once per request, the peer first, so the connection one side makes
-is the one the other's armed QP takes). One request at a time: a message overwrites the one before it in
+is the one the other's armed QP takes; when both ask at once, the requests cross and each side arms on
+the other's request, once, as well). One request at a time: a message overwrites the one before it in
 the peer's control MR, so each ARMED asks for the next. ARMED(default) is followed by a probe of the default
 path, whose completion starts the failback (switch.py). After a failure shiftd did not see (no NIC UP will
 come), the default path is tried again now and then, backing off.
@@ -102,9 +103,13 @@ class Rearm:
                         self.requested = ""  # a crossing request: armed as the peer asked
                     self._send(Message(Kind.ARMED, message.path, message.epoch))
                 elif message == Message(Kind.ARMED, PRIMARY, self.epoch) and qp.state is State.FALLBACK:
+                    if self.requested == PRIMARY:
+                        qp.arm(PRIMARY)
+                    # else the requests crossed (both NICs came back at once): we armed it on the peer's
+                    # request, and a second arm would reset the connection the peer's arm has made
                     self.requested = ""
-                    qp.arm(PRIMARY)
-                    notify.probe(qp.primary, qp.targets[PRIMARY])
+                    if qp.armed[PRIMARY]:
+                        notify.probe(qp.primary, qp.targets[PRIMARY])
                 elif message.path != PRIMARY and message == Message(Kind.ARMED, self.requested, self.epoch):
                     self.requested = ""
                     qp.arm(message.path)

@@ -154,7 +154,10 @@ def test_shiftd_watches_the_rxe_devices_it_found_in_sysfs(bed: RxeBed) -> None:
     for device, nic in found.items():
         seen = (nic.provider, nic.netdev, nic.port_state, common_pb2.NicState.Name(nic.state))
         assert seen == ("verbs", NETDEV[device], "ACTIVE", "NIC_STATE_UP"), device
-    assert f"watching the async events of {', '.join(sorted(found))}" in bed.log()
+    watching, deadline = f"watching the async events of {', '.join(sorted(found))}", time.monotonic() + 60
+    while watching not in bed.log():  # shiftd opens the devices after its first poll of their ports
+        assert time.monotonic() < deadline, "shiftd did not open the devices for their async events"
+        time.sleep(0.5)
 
 
 @pytest.mark.parametrize("mode", ["send", "write_imm", "write_read"])
