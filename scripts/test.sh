@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# `make test`: the host's suite and, at the same time, `make test-rxe` (the verbs suites in a Soft-RoCE VM,
-# shiftlab/rxe; the Makefile's RXE_TESTS, which make test sets to its RXE_IN_TEST). They run side by side because each mostly waits (the host's suite on timeouts and daemons,
-# the VM on TCG's emulation of one core): one after the other they would pass the suite's 25-minute budget.
-# The VM's output goes to a log, shown in full if it failed and as pytest's summary line if it passed; the
-# exit code is non-zero if either part failed. Arguments go to the host's pytest.
+# `make test`: the host's suite and, at the same time, `make test-rxe` (the verbs suites, the failover cases
+# and the rxe lab in Soft-RoCE VMs, shiftlab/rxe). They run side by side because each mostly waits (the
+# host's suite on timeouts and daemons, the VM on TCG's emulation): one after the other they would pass the
+# suite's 25-minute budget. The VMs' output goes to a log, shown in full if it failed and as pytest's
+# summary lines if it passed; the exit code is non-zero if either part failed. Arguments go to the host's
+# pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="$(pwd)/${VENV:-.venv}/bin/python"
@@ -35,7 +36,7 @@ if [ "$vm" -ne 0 ]; then
     echo "test: make test-rxe failed (exit $vm); its output:"
     cat "$log"
 else
-    echo "test: make test-rxe, on Soft-RoCE in the VM: $(grep -E '^=*.* (passed|failed|error)' "$log" | tail -1)"
+    grep -E '^=*.* (passed|failed|error)' "$log" | sed 's/^/test: make test-rxe, on Soft-RoCE in a VM: /'
 fi
 rm -f "$log"
 echo "test: host suite exit $host, Soft-RoCE VM exit $vm, $(( SECONDS - started )) s in all"
