@@ -62,9 +62,11 @@ class DeviceAttr:
 
 @dataclass(frozen=True)
 class PortAttr:
-    """A port's attributes, as ibv_query_port answers them: its state (ACTIVE while it carries traffic)."""
+    """A port's attributes, as ibv_query_port answers them: its state (ACTIVE while it carries traffic) and
+    its MTU (tcp: no path MTU of its own, so the largest)."""
 
     state: ibv_port_state
+    active_mtu: ibv_mtu = ibv_mtu.IBV_MTU_4096
 
 
 def retry_period(timeout: int) -> float | None:
