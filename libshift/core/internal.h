@@ -183,7 +183,8 @@ struct sc_qp {
     int has_remote;
     int welcomed; /* the connecting side: the peer's HELLO has come back, requests may go */
     int refused;  /* the peer has no such QP, or none waiting for us: sends fail RETRY_EXC_ERR at once */
-    /* conn: the connection in use; pending: one whose HELLO named this QP before it reached RTR */
+    int taken;    /* the accepting side has taken its connection since the last RTR (one per RTR) */
+    /* conn: the connection in use; pending: one whose HELLO named this QP when it could not take it */
     struct sc_conn *conn, *pending;
     /* requester */
     struct sc_sq_item *sq;
@@ -318,8 +319,9 @@ void sc_qp_after_input(struct sc_qp *qp, struct sc_conn *conn);
 struct sc_frame *sc_qp_next_request(struct sc_qp *qp, struct sc_conn *conn);
 void sc_qp_on_broken(struct sc_qp *qp, struct sc_conn *conn);
 void sc_qp_connect_ready(struct sc_qp *qp);
-/* A HELLO on an accepted connection named this QP: taken, kept until RTR, or refused. */
-void sc_qp_on_hello(struct sc_qp *qp, struct sc_conn *conn, const struct sc_hdr *hdr);
+/* An accepted connection's HELLO named this QP (conn->peer_qpn is its sender): taken, kept until the
+ * next RTR, or refused. */
+void sc_qp_on_hello(struct sc_qp *qp, struct sc_conn *conn);
 void sc_qp_fire_timers(struct sc_qp *qp, int64_t now);
 void sc_qp_enter_error(struct sc_qp *qp);
 void sc_qp_send_response(struct sc_qp *qp, struct sc_frame *frame);

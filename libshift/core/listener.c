@@ -117,5 +117,5 @@ void sc_listen_on_first(struct sc_conn *conn, const struct sc_hdr *hdr) {
     conn->peer_qpn = hdr->seq;
     struct sc_qp *qp = find_qp(conn->ctx, hdr->imm);
     if (!qp) sc_listen_refuse(conn, hdr);
-    else sc_qp_on_hello(qp, conn, hdr);
+    else sc_qp_on_hello(qp, conn);
 }

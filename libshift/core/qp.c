@@ -69,17 +69,18 @@ int sc_qp_state(sc_qp *qp) {
 
 /* -- connection set-up ------------------------------------------------------------------------------- */
 
+/* The connection in use and a connect under way; a pending HELLO stays for the next RTR (its peer may
+ * have re-armed first). */
 static void drop_connection(struct sc_qp *qp) {
     if (qp->conn) sc_conn_close(qp->conn);
-    if (qp->pending) sc_conn_close(qp->pending);
-    qp->conn = qp->pending = NULL;
+    qp->conn = NULL;
     if (qp->connect_fd >= 0) {
         sc_watch_del(qp->ctx, qp->connect_fd, qp->connect_watch);
         close(qp->connect_fd);
     }
     qp->connect_fd = -1;
     qp->connect_watch = 0;
-    qp->welcomed = qp->refused = 0;
+    qp->welcomed = qp->refused = qp->taken = 0;
 }
 
 static void send_hello(struct sc_qp *qp) {
@@ -143,27 +144,35 @@ static void connect_to_peer(struct sc_qp *qp, int fd) {
     if (err == ECONNREFUSED) refused(qp);
 }
 
+static void refuse(struct sc_conn *conn) {
+    struct sc_hdr hello = {.op = SC_OP_HELLO, .seq = conn->peer_qpn, .imm = conn->qp->qpn};
+    conn->qp = NULL;
+    sc_listen_refuse(conn, &hello);
+}
+
 /* Takes conn, whose HELLO named this QP, if it comes from the peer RTR named; refuses it if not. */
-static void take(struct sc_qp *qp, struct sc_conn *conn, const struct sc_hdr *hello) {
-    if (qp->state == SC_QPS_ERR || connects(qp) || qp->conn || conn->peer_ip != qp->remote_ip ||
-        conn->peer_qpn != qp->remote_qpn) {
-        conn->qp = NULL;
-        sc_listen_refuse(conn, hello);
+static void take(struct sc_qp *qp, struct sc_conn *conn) {
+    if (conn->peer_ip != qp->remote_ip || conn->peer_qpn != qp->remote_qpn) {
+        refuse(conn);
         return;
     }
     qp->conn = conn;
+    qp->taken = 1;
     qp->welcomed = 1;
     send_hello(qp);
     sc_qp_pump(qp);
 }
 
-void sc_qp_on_hello(struct sc_qp *qp, struct sc_conn *conn, const struct sc_hdr *hdr) {
+void sc_qp_on_hello(struct sc_qp *qp, struct sc_conn *conn) {
     conn->qp = qp;
-    if (qp->has_remote || qp->state == SC_QPS_ERR) {
-        take(qp, conn, hdr);
+    int ready = (qp->state == SC_QPS_RTR || qp->state == SC_QPS_RTS) && !connects(qp) && !qp->taken;
+    if (ready) {
+        take(qp, conn);
         return;
     }
-    /* not yet at RTR (the peer got there first): kept until then; the peer sends nothing before our HELLO */
+    /* not ready for it (not yet at RTR, or still on its last connection, or in ERR: the peer got there
+     * first, as when it re-arms before this side): kept until the next RTR; the peer sends nothing before
+     * our HELLO. The newest is kept. */
     if (qp->pending) sc_conn_close(qp->pending);
     qp->pending = conn;
 }
@@ -204,16 +213,14 @@ void sc_qp_to_rtr(sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn, uint32_t r
     qp->min_rnr_timer = min_rnr_timer;
     qp->expected = rq_psn;
     qp->state = SC_QPS_RTR;
+    struct sc_conn *pending = qp->pending;
+    qp->pending = NULL;
     if (connects(qp)) {
+        if (pending) refuse(pending); /* this side connects: the peer should not have */
         if (fd >= 0) connect_to_peer(qp, fd);
     } else {
         if (fd >= 0) close(fd);
-        struct sc_conn *pending = qp->pending;
-        qp->pending = NULL;
-        if (pending) {
-            struct sc_hdr hello = {.op = SC_OP_HELLO, .seq = pending->peer_qpn, .imm = qp->qpn};
-            take(qp, pending, &hello);
-        }
+        if (pending) take(qp, pending);
     }
     pthread_mutex_unlock(&ctx->lock);
 }
@@ -239,8 +246,6 @@ void sc_qp_enter_error(struct sc_qp *qp) {
     sc_resp_flush(qp, 1);
     qp->has_ack = 0;
     sc_timer_set(qp, T_ACK, 0);
-    if (qp->pending) sc_conn_close(qp->pending);
-    qp->pending = NULL;
     if (qp->conn) sc_conn_close_when_sent(qp->conn);
 }
 
@@ -276,6 +281,7 @@ static void unlink_qp(struct sc_qp *qp) {
 
 static void destroy(struct sc_qp *qp) {
     reset(qp);
+    if (qp->pending) sc_conn_close(qp->pending);
     sc_cq_put(qp->send_cq);
     sc_cq_put(qp->recv_cq);
     free_memory(qp);

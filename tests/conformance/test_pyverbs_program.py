@@ -7,13 +7,13 @@ into pyverbs' (the module each replaces is named in the line's comment), on Debi
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from libshift.providers.verbs.gid import ETHERNET, choose_gid, read_gid_table
 from shiftlab.rxe.network import SYSFS_IB
 
 PROGRAM = Path(__file__).with_name("pyverbs_rc_program.py")
@@ -26,17 +26,9 @@ def as_pyverbs(text: str) -> str:
     return IMPORT.sub(lambda m: f"from {m['module']} import {m['names']}", text)
 
 
-def roce_v2_ipv4_gid_index(device: str) -> int:
-    port = SYSFS_IB / device / "ports" / "1"
-    for path in sorted((port / "gids").iterdir(), key=lambda p: int(p.name)):
-        try:
-            mapped = ipaddress.IPv6Address(path.read_text().strip()).ipv4_mapped
-            kind = (port / "gid_attrs" / "types" / path.name).read_text().strip()
-        except (OSError, ValueError):
-            continue
-        if mapped is not None and kind == "RoCE v2":
-            return int(path.name)
-    raise AssertionError(f"{device}: no RoCE v2 IPv4 GID")
+def gid_index(device: str) -> int:
+    """The GID index libshift's verbs provider uses on the device (RoCE v2, IPv4): the program's too."""
+    return choose_gid(read_gid_table(Path("/sys"), device, 1), ETHERNET).index
 
 
 def run(python: str, program: Path, devices: tuple[str, str], gid_index: int) -> list[str]:
@@ -69,7 +61,7 @@ def test_the_program_names_only_pyverbs_modules_in_its_import_lines():
 def test_a_pyverbs_rc_program_runs_on_libshift(fabric, tmp_path):
     devices = fabric.devices
     verbs = (SYSFS_IB / devices[0]).exists()
-    index = roce_v2_ipv4_gid_index(devices[0]) if verbs else 0
+    index = gid_index(devices[0]) if verbs else 0
     qpns = check(run(sys.executable, PROGRAM, devices, index))
     if not verbs:  # tcp: each QPN names its context's listener (port << 8 | index)
         assert all(qpn >> 8 >= 1024 for qpn in qpns)

@@ -324,7 +324,7 @@ static void rtr_towards(sc_qp *qp, uint32_t remote_qpn) {
 }
 
 /* One listener per context, QPs told apart by the HELLO: a pair whose acceptor reaches RTR after the
- * connector's HELLO has arrived; a HELLO for a QPN the listener's context lacks, and a QPN whose port has
+ * connector's HELLO has arrived, and again after both are re-armed, the connector first; a HELLO for a QPN the listener's context lacks, and a QPN whose port has
  * no listener, both fail the asker's first send at once (timeout 0: no deadline could end it). */
 static void test_qpns_name_listeners(void) {
     static uint8_t ma[64], mb[64];
@@ -355,6 +355,23 @@ static void test_qpns_name_listeners(void) {
     struct sc_wc wc;
     CHECK(wait_wc(qa, &wc) && wc.wr_id == 1 && wc.status == WC_SUCCESS);
     CHECK(wait_wc(qb, &wc) && wc.wr_id == 2 && wc.byte_len == 5 && memcmp(mb, "hello", 5) == 0);
+
+    /* re-armed, the connector first: its HELLO waits at the other QP, still on its old connection, until
+     * that QP's next RTR */
+    sc_qp *connector = na < nb ? a : b, *acceptor = na < nb ? b : a;
+    sc_qp_reset(connector);
+    sc_qp_to_init(connector, ACCESS_LOCAL_WRITE);
+    rtr_towards(connector, na < nb ? nb : na);
+    usleep(50000);
+    sc_qp_reset(acceptor);
+    sc_qp_to_init(acceptor, ACCESS_LOCAL_WRITE);
+    rtr_towards(acceptor, na < nb ? na : nb);
+    sc_qp_to_rts(a, 0, 0, 7, 0);
+    sc_qp_to_rts(b, 0, 0, 7, 0);
+    CHECK(sc_qp_post_recv(b, &rwr, 1, &posted) == SC_POST_OK);
+    CHECK(sc_qp_post_send(a, &send, 1, &posted) == SC_POST_OK);
+    CHECK(wait_wc(qa, &wc) && wc.wr_id == 1 && wc.status == WC_SUCCESS);
+    CHECK(wait_wc(qb, &wc) && wc.wr_id == 2 && wc.status == WC_SUCCESS);
 
     uint32_t missing[2] = {(uint32_t)pa << 8 | 200, (uint32_t)closed << 8};
     for (int i = 0; i < 2; i++) {
