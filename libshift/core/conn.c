@@ -314,6 +314,7 @@ static void begin_frame(struct sc_conn *conn) {
         broken(conn); /* a stream that cannot be framed cannot be trusted again */
         return;
     }
+    if (!conn->qp && !sc_listen_first_header(conn, &conn->frame)) return;
     conn->in_frame = 1;
     conn->left = sc_wire_payload_length(&conn->frame);
     conn->target_pos = conn->target_off = 0;

@@ -356,7 +356,10 @@ void sc_resp_flush(struct sc_qp *qp, int push);
 void sc_listen_ready(struct sc_listener *listener);
 /* An accepted connection from from_ip (host order) that waits for its HELLO; NULL without memory. */
 struct sc_conn *sc_listen_adopt(struct sc_ctx *ctx, int fd, uint32_t from_ip);
-/* The first frame of an accepted connection: a HELLO names the QP it is for, anything else ends it. */
+/* An accepted connection's first header: 1 if it is a HELLO (or the connection is closing anyway), else
+ * the connection is closed at once, before any payload is read. */
+int sc_listen_first_header(struct sc_conn *conn, const struct sc_hdr *hdr);
+/* The first frame of an accepted connection: a HELLO names the QP it is for. */
 void sc_listen_on_first(struct sc_conn *conn, const struct sc_hdr *hdr);
 /* Answers a HELLO with REFUSE and closes the connection once that is sent. */
 void sc_listen_refuse(struct sc_conn *conn, const struct sc_hdr *hello);

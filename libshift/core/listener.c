@@ -45,20 +45,26 @@ void sc_listen_free_all(struct sc_ctx *ctx) {
     }
 }
 
-struct sc_conn *sc_listen_adopt(struct sc_ctx *ctx, int fd, uint32_t from_ip) {
+/* The greeting list holds the connections no QP owns: those waiting for their HELLO, and those refused
+ * and closing, so that the context closes them if their peers never do. */
+static void track(struct sc_ctx *ctx, struct sc_conn *conn) {
     if (ctx->ngreeting >= SC_GREETING_MAX) { /* one that never speaks must not hold a slot for ever */
         struct sc_conn *oldest = ctx->greeting;
         while (oldest->next_greeting) oldest = oldest->next_greeting;
         sc_conn_close(oldest);
     }
-    struct sc_conn *conn = sc_conn_new(ctx, NULL, fd);
-    if (!conn) return NULL;
-    conn->peer_ip = from_ip;
     conn->greeting = 1;
     conn->next_greeting = ctx->greeting;
     if (ctx->greeting) ctx->greeting->prev_greeting = conn;
     ctx->greeting = conn;
     ctx->ngreeting++;
+}
+
+struct sc_conn *sc_listen_adopt(struct sc_ctx *ctx, int fd, uint32_t from_ip) {
+    struct sc_conn *conn = sc_conn_new(ctx, NULL, fd);
+    if (!conn) return NULL;
+    conn->peer_ip = from_ip;
+    track(ctx, conn);
     return conn;
 }
 
@@ -97,8 +103,8 @@ static struct sc_qp *find_qp(struct sc_ctx *ctx, uint32_t qpn) {
 void sc_listen_refuse(struct sc_conn *conn, const struct sc_hdr *hello) {
     struct sc_hdr refuse = {.op = SC_OP_REFUSE, .seq = hello->imm, .imm = hello->seq};
     struct sc_frame *frame = sc_frame_new(conn->ctx, &refuse);
-    sc_listen_forget(conn);
     conn->qp = NULL;
+    if (!conn->greeting) track(conn->ctx, conn);
     if (!frame) {
         sc_conn_close(conn);
         return;
@@ -107,12 +113,14 @@ void sc_listen_refuse(struct sc_conn *conn, const struct sc_hdr *hello) {
     sc_conn_close_when_sent(conn);
 }
 
+int sc_listen_first_header(struct sc_conn *conn, const struct sc_hdr *hdr) {
+    if (conn->closing || hdr->op == SC_OP_HELLO) return 1;
+    sc_conn_close(conn); /* no peer of ours: a QP's connection opens with HELLO */
+    return 0;
+}
+
 void sc_listen_on_first(struct sc_conn *conn, const struct sc_hdr *hdr) {
     if (conn->closing) return; /* refused already: what follows is read and dropped until the peer closes */
-    if (hdr->op != SC_OP_HELLO) {
-        sc_conn_close(conn); /* no peer of ours: a QP's connection opens with HELLO */
-        return;
-    }
     sc_listen_forget(conn);
     conn->peer_qpn = hdr->seq;
     struct sc_qp *qp = find_qp(conn->ctx, hdr->imm);
