@@ -361,8 +361,9 @@ struct sc_conn *sc_listen_adopt(struct sc_ctx *ctx, int fd, uint32_t from_ip);
 int sc_listen_first_header(struct sc_conn *conn, const struct sc_hdr *hdr);
 /* The first frame of an accepted connection: a HELLO names the QP it is for. */
 void sc_listen_on_first(struct sc_conn *conn, const struct sc_hdr *hdr);
-/* Answers a HELLO with REFUSE and closes the connection once that is sent. */
-void sc_listen_refuse(struct sc_conn *conn, const struct sc_hdr *hello);
+/* Answers conn's HELLO, which sought QPN `sought` (from conn->peer_qpn), with REFUSE; the connection
+ * closes once that is sent. */
+void sc_listen_refuse(struct sc_conn *conn, uint32_t sought);
 void sc_listen_forget(struct sc_conn *conn);
 void sc_listen_free_all(struct sc_ctx *ctx);
 

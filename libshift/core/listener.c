@@ -100,8 +100,8 @@ static struct sc_qp *find_qp(struct sc_ctx *ctx, uint32_t qpn) {
     return NULL;
 }
 
-void sc_listen_refuse(struct sc_conn *conn, const struct sc_hdr *hello) {
-    struct sc_hdr refuse = {.op = SC_OP_REFUSE, .seq = hello->imm, .imm = hello->seq};
+void sc_listen_refuse(struct sc_conn *conn, uint32_t sought) {
+    struct sc_hdr refuse = {.op = SC_OP_REFUSE, .seq = sought, .imm = conn->peer_qpn};
     struct sc_frame *frame = sc_frame_new(conn->ctx, &refuse);
     conn->qp = NULL;
     if (!conn->greeting) track(conn->ctx, conn);
@@ -121,9 +121,12 @@ int sc_listen_first_header(struct sc_conn *conn, const struct sc_hdr *hdr) {
 
 void sc_listen_on_first(struct sc_conn *conn, const struct sc_hdr *hdr) {
     if (conn->closing) return; /* refused already: what follows is read and dropped until the peer closes */
-    sc_listen_forget(conn);
     conn->peer_qpn = hdr->seq;
     struct sc_qp *qp = find_qp(conn->ctx, hdr->imm);
-    if (!qp) sc_listen_refuse(conn, hdr);
-    else sc_qp_on_hello(qp, conn);
+    if (!qp) {
+        sc_listen_refuse(conn, hdr->imm);
+        return;
+    }
+    sc_listen_forget(conn); /* the QP owns it now */
+    sc_qp_on_hello(qp, conn);
 }

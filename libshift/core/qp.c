@@ -144,16 +144,10 @@ static void connect_to_peer(struct sc_qp *qp, int fd) {
     if (err == ECONNREFUSED) refused(qp);
 }
 
-static void refuse(struct sc_conn *conn) {
-    struct sc_hdr hello = {.op = SC_OP_HELLO, .seq = conn->peer_qpn, .imm = conn->qp->qpn};
-    conn->qp = NULL;
-    sc_listen_refuse(conn, &hello);
-}
-
 /* Takes conn, whose HELLO named this QP, if it comes from the peer RTR named; refuses it if not. */
 static void take(struct sc_qp *qp, struct sc_conn *conn) {
     if (conn->peer_ip != qp->remote_ip || conn->peer_qpn != qp->remote_qpn) {
-        refuse(conn);
+        sc_listen_refuse(conn, qp->qpn);
         return;
     }
     qp->conn = conn;
@@ -180,12 +174,11 @@ void sc_qp_on_hello(struct sc_qp *qp, struct sc_conn *conn) {
 static void on_welcome(struct sc_qp *qp, struct sc_conn *conn, const struct sc_hdr *hdr) {
     /* the connecting side's first frame back: HELLO (taken) or REFUSE, naming both QPNs */
     int ours = hdr->seq == qp->remote_qpn && hdr->imm == qp->qpn;
-    int refusal = hdr->op == SC_OP_REFUSE && hdr->seq == qp->remote_qpn && hdr->imm == qp->qpn;
-    if (refusal) {
+    if (ours && hdr->op == SC_OP_REFUSE) {
         refused(qp);
         return;
     }
-    if (hdr->op != SC_OP_HELLO || !ours) {
+    if (!ours || hdr->op != SC_OP_HELLO) {
         sc_conn_close(conn); /* not our peer: requests will time out */
         qp->conn = NULL;
         return;
@@ -216,7 +209,7 @@ void sc_qp_to_rtr(sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn, uint32_t r
     struct sc_conn *pending = qp->pending;
     qp->pending = NULL;
     if (connects(qp)) {
-        if (pending) refuse(pending); /* this side connects: the peer should not have */
+        if (pending) sc_listen_refuse(pending, qp->qpn); /* this side connects: the peer should not have */
         if (fd >= 0) connect_to_peer(qp, fd);
     } else {
         if (fd >= 0) close(fd);
