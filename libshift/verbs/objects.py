@@ -196,7 +196,8 @@ class QPInitAttr:
 class QP(_Closable):
     """An RC queue pair: RESET -> INIT -> RTR -> RTS, ERR on a transport error."""
 
-    def __init__(self, pd: PD, init_attr: QPInitAttr) -> None:
+    def __init__(self, pd: PD, init_attr: QPInitAttr, qp_attr: QPAttr | None = None) -> None:
+        """With `qp_attr` the new QP goes to INIT with it, as pyverbs' RC QPs do (RTR needs the peer)."""
         if init_attr.qp_type != ibv_qp_type.IBV_QPT_RC:
             raise VerbsRDMAError("only RC queue pairs are supported", errno.EOPNOTSUPP)
         if init_attr.scq is None or init_attr.rcq is None:
@@ -210,6 +211,8 @@ class QP(_Closable):
         self.impl = pd.impl.create_qp(
             init_attr.scq.impl, init_attr.rcq.impl, init_attr.cap, init_attr.sq_sig_all
         )
+        if qp_attr is not None:
+            self.to_init(qp_attr)
 
     @property
     def qp_num(self) -> int:
