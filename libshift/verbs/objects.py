@@ -271,14 +271,15 @@ class QP(_Closable):
 
     def _name_peer(self, attr: QPAttr) -> None:
         """Sets attr.dest from pyverbs' ah_attr, dest_qp_num and rq_psn when it is not given (as pyverbs'
-        to_rtr sets qp_state), so the providers and the shift layer read one spelling."""
+        to_rtr sets qp_state), so the providers and the shift layer read one spelling; an Endpoint that
+        names no provider is taken as one of this QP's provider."""
         peer = attr.peer()
         if peer is None:
             raise VerbsError(
                 "to_rtr needs attr.dest, the peer's Endpoint, or as pyverbs has it attr.ah_attr "
                 "(AHAttr(is_global=1, gr=GlobalRoute(dgid=...))) and attr.dest_qp_num"
             )
-        if attr.dest is None:
+        if not peer.provider:  # GID, QPN and PSN alone: a peer of this QP's own provider
             attr.dest = dataclasses.replace(peer, provider=self.pd.ctx.device.provider)
 
     def post_send(self, wr: SendWR) -> None:
