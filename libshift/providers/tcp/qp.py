@@ -1,8 +1,9 @@
-"""A tcp QP over the C core: connection set-up in Python, everything after it in the core.
+"""A tcp QP over the C core, which connects it (docs/wire.md, Connection set-up) and moves its bytes.
 
-What needs Python stays here: the sockets are made inside the device's network namespace and bound to its
-netdev (TcpContext.new_socket), then handed to the core, which owns them from then on; the state-transition
-rules and attribute checks are qprules.py's; the core's post refusals become the verbs' errors.
+What needs Python stays here: its QPN (qpns.py: the port of a listener of its context, and an index); the
+socket it connects with, made inside the device's network namespace and bound to its netdev
+(TcpContext.new_socket), then handed to the core, which owns it from then on; the state-transition rules
+and attribute checks (qprules.py's); the core's post refusals in the verbs' words.
 """
 
 from __future__ import annotations

@@ -16,11 +16,6 @@ from collections.abc import Callable
 PER_LISTENER = 256  # the 8 bits of a QPN under its port: 16 + 8 = IB's 24-bit QPN
 
 
-def port_of(qpn: int) -> int:
-    """The TCP port of the listener behind a tcp QPN."""
-    return qpn >> 8
-
-
 class QpnSpace:
     """QPNs for a context's QPs, and the listeners behind them (made by `new_socket`, owned by the core)."""
 
