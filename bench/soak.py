@@ -45,7 +45,9 @@ from shiftlab.fabric import FabricError
 from shiftlab.lab import Lab, LabError
 from shiftlab.labproc import LabProcess, LabProcessError
 
-SYNTHETIC_QPN = 0x400000  # the synthetic mappings' QPNs start here, far above the provider's own
+# the synthetic mappings' QPNs: from here up to below 1024 << 8, under every tcp QPN (port << 8 | index,
+# and a context's listeners are never on a privileged port)
+SYNTHETIC_QPN, SYNTHETIC_END = 0x1000, 1024 << 8
 SIZE = 256  # bytes a message
 SLOTS = 16  # receives posted at a time
 WINDOW = 8  # sends outstanding at a time
@@ -287,7 +289,7 @@ class Soak:
             env={**os.environ, "ETCDCTL_API": "3"},
             timeout=60,
         ).stdout
-        return sum(1 for key in out.split() if int(key.rsplit("/", 1)[1]) >= SYNTHETIC_QPN)
+        return sum(1 for key in out.split() if SYNTHETIC_QPN <= int(key.rsplit("/", 1)[1]) < SYNTHETIC_END)
 
     def stop(self) -> list[dict[str, Any]]:
         """Stop the streams (each side learns how many messages the other sent) and the holders."""
@@ -332,6 +334,10 @@ def etcd_counters(lab: Lab) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if SYNTHETIC_QPN + args.hosts * args.procs * args.agents * args.mappings > SYNTHETIC_END:
+        raise SystemExit(
+            f"soak: at most {SYNTHETIC_END - SYNTHETIC_QPN} synthetic mappings (their QPNs stay under tcp's)"
+        )
     lab = Lab(args.name or f"soak{os.getpid() % 10000}", hosts=args.hosts, nics=2)
     soak = Soak(lab, args.procs, args.agents, args.mappings, Path(tempfile.mkdtemp(prefix="shift-soak-")))
     log(f"bringing up lab {lab.name} ({args.hosts} hosts x 2 NICs)")

@@ -72,6 +72,13 @@ cdef class Context(Guarded):
             raise OSError("shift core: cannot start a context (threads or descriptors exhausted)")
         self.graveyard = []
 
+    def listen(self, int fd):
+        """Hand the core a listening socket (it owns it from here): the port of the QPNs port << 8 | i."""
+        if self.closed:
+            raise VerbsRDMAError("the context is closed")
+        if c.sc_ctx_listen(self.ptr, fd) != 0:
+            raise MemoryError()
+
     def progress(self):
         """One non-blocking pass of progress on this thread."""
         if not self.closed:
@@ -305,13 +312,13 @@ cdef class QP:
     cdef bint closed
     cdef uint32_t qpn
 
-    def __cinit__(self, PD pd, CQ send_cq, CQ recv_cq, tuple cap, bint sq_sig_all, int listen_fd,
-                  uint32_t qpn, uint32_t local_ip):
+    def __cinit__(self, PD pd, CQ send_cq, CQ recv_cq, tuple cap, bint sq_sig_all, uint32_t qpn,
+                  uint32_t local_ip):
         cdef c.sc_cap ccap
         ccap.max_send_wr, ccap.max_recv_wr, ccap.max_send_sge, ccap.max_recv_sge, ccap.max_inline_data = cap
         self.ctx = pd.ctx
         self.qpn = qpn
-        self.ptr = c.sc_qp_new(pd.ptr, send_cq.ptr, recv_cq.ptr, &ccap, sq_sig_all, listen_fd, qpn, local_ip)
+        self.ptr = c.sc_qp_new(pd.ptr, send_cq.ptr, recv_cq.ptr, &ccap, sq_sig_all, qpn, local_ip)
         if self.ptr is NULL:
             raise MemoryError()
 
@@ -328,10 +335,10 @@ cdef class QP:
         self.refuse_if_closed()
         c.sc_qp_to_init(self.ptr, access)
 
-    def to_rtr(self, uint32_t remote_ip, uint32_t remote_qpn, uint32_t rq_psn, int min_rnr_timer,
-               int connect_fd, bint accept):
+    def to_rtr(self, uint32_t remote_ip, uint32_t remote_qpn, uint32_t rq_psn, int min_rnr_timer, int fd):
+        """fd: a socket for the core to connect with, if this side connects (else it is closed)."""
         self.refuse_if_closed()
-        c.sc_qp_to_rtr(self.ptr, remote_ip, remote_qpn, rq_psn, min_rnr_timer, connect_fd, accept)
+        c.sc_qp_to_rtr(self.ptr, remote_ip, remote_qpn, rq_psn, min_rnr_timer, fd)
 
     def to_rts(self, uint64_t ack_timeout_ns, uint64_t retry_period_ns, int rnr_retry, uint32_t sq_psn):
         self.refuse_if_closed()
@@ -455,6 +462,7 @@ class Op(IntEnum):
     NAK = c.SC_OP_NAK
     READ_RESP = c.SC_OP_READ_RESP
     ATOMIC_RESP = c.SC_OP_ATOMIC_RESP
+    REFUSE = c.SC_OP_REFUSE
 
 
 REQUESTS = frozenset(op for op in Op if c.sc_wire_is_request(op))

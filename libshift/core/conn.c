@@ -87,6 +87,7 @@ static void release_targets(struct sc_conn *conn) {
 void sc_conn_close(struct sc_conn *conn) {
     if (conn->closed) return;
     conn->closed = 1;
+    sc_listen_forget(conn);
     if (conn->want_write) conn->ctx->writers--;
     conn->want_write = 0;
     sc_watch_del(conn->ctx, conn->fd, conn->watch);
@@ -121,7 +122,7 @@ void sc_conn_reap(struct sc_ctx *ctx) {
 static void broken(struct sc_conn *conn) {
     if (conn->closed) return;
     sc_conn_close(conn);
-    sc_qp_on_broken(conn->qp, conn);
+    if (conn->qp) sc_qp_on_broken(conn->qp, conn);
 }
 
 /* -- output ------------------------------------------------------------------------------------------ */
@@ -186,7 +187,7 @@ static struct sc_frame *next_frame(struct sc_conn *conn) {
         if (!conn->out_head) conn->out_tail = NULL;
         return frame;
     }
-    return conn->closing ? NULL : sc_qp_next_request(conn->qp, conn);
+    return conn->closing || !conn->qp ? NULL : sc_qp_next_request(conn->qp, conn);
 }
 
 /* Takes frames into the next sendmsg while they are few and small. */
@@ -281,7 +282,9 @@ static void end_frame(struct sc_conn *conn) {
     int placed = conn->placing;
     conn->in_frame = 0;
     release_targets(conn);
-    if (!conn->closed) sc_qp_on_frame(conn->qp, conn, &conn->frame, placed);
+    if (conn->closed) return;
+    if (conn->qp) sc_qp_on_frame(conn->qp, conn, &conn->frame, placed);
+    else sc_listen_on_first(conn, &conn->frame); /* an accepted connection's HELLO */
 }
 
 /* n payload bytes of the current frame arrived at src (NULL: already in place at the current target). */
@@ -311,10 +314,11 @@ static void begin_frame(struct sc_conn *conn) {
         broken(conn); /* a stream that cannot be framed cannot be trusted again */
         return;
     }
+    if (!conn->qp && !sc_listen_first_header(conn, &conn->frame)) return;
     conn->in_frame = 1;
     conn->left = sc_wire_payload_length(&conn->frame);
     conn->target_pos = conn->target_off = 0;
-    conn->placing = sc_qp_on_header(conn->qp, conn, &conn->frame);
+    conn->placing = conn->qp ? sc_qp_on_header(conn->qp, conn, &conn->frame) : 0;
     if (conn->placing) {
         uint64_t room = 0;
         for (uint32_t i = 0; i < conn->targets.count; i++) room += conn->targets.at[i].len;
@@ -388,7 +392,7 @@ void sc_conn_ready(struct sc_conn *conn, int readable, int writable) {
     if (writable) sc_conn_pump(conn);
     if (readable && !conn->closed) {
         parse(conn);
-        if (!conn->closed) sc_qp_after_input(conn->qp, conn);
+        if (!conn->closed && conn->qp) sc_qp_after_input(conn->qp, conn);
     }
 }
 

@@ -68,12 +68,13 @@ cdef extern from "shift_core.h" nogil:
     int sc_cq_poll(sc_cq *cq, int n, sc_wc *out)
     void sc_cq_req_notify(sc_cq *cq, int solicited_only)
     void sc_cq_free(sc_cq *cq)
+    int sc_ctx_listen(sc_ctx *ctx, int listen_fd)
     sc_qp *sc_qp_new(sc_pd *pd, sc_cq *send_cq, sc_cq *recv_cq, const sc_cap *cap, int sq_sig_all,
-                     int listen_fd, uint32_t qpn, uint32_t local_ip)
+                     uint32_t qpn, uint32_t local_ip)
     int sc_qp_state(sc_qp *qp)
     void sc_qp_to_init(sc_qp *qp, uint32_t access)
     void sc_qp_to_rtr(sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn, uint32_t rq_psn,
-                      uint8_t min_rnr_timer, int connect_fd, int accept)
+                      uint8_t min_rnr_timer, int fd)
     void sc_qp_to_rts(sc_qp *qp, uint64_t ack_timeout_ns, uint64_t retry_period_ns, uint8_t rnr_retry,
                       uint32_t sq_psn)
     void sc_qp_to_err(sc_qp *qp)
@@ -101,7 +102,7 @@ cdef extern from "wire.h" nogil:
         SC_WIRE_HEADER_SIZE
     enum sc_wire_op:
         SC_OP_HELLO, SC_OP_SEND, SC_OP_SEND_IMM, SC_OP_WRITE, SC_OP_WRITE_IMM, SC_OP_READ_REQ, SC_OP_CMP_SWP
-        SC_OP_FETCH_ADD, SC_OP_ACK, SC_OP_NAK, SC_OP_READ_RESP, SC_OP_ATOMIC_RESP
+        SC_OP_FETCH_ADD, SC_OP_ACK, SC_OP_NAK, SC_OP_READ_RESP, SC_OP_ATOMIC_RESP, SC_OP_REFUSE
     struct sc_hdr:
         uint8_t magic, op
         uint16_t flags

@@ -89,7 +89,7 @@ static void dispatch(struct sc_ctx *ctx, const struct epoll_event *events, int n
         case WATCH_CONN:
             sc_conn_ready(w->obj, (flags & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0, (flags & EPOLLOUT) != 0);
             break;
-        case WATCH_LISTEN: sc_qp_listen_ready(w->obj); break;
+        case WATCH_LISTEN: sc_listen_ready(w->obj); break;
         case WATCH_CONNECTING: sc_qp_connect_ready(w->obj); break;
         default: break;
         }
@@ -196,6 +196,7 @@ void sc_ctx_free(sc_ctx *ctx) {
     pthread_mutex_unlock(&ctx->lock);
     pthread_join(ctx->thread, NULL);
     sc_qp_free_all(ctx);
+    sc_listen_free_all(ctx);
     sc_conn_reap(ctx);
     sc_frames_free_spare(ctx);
     sc_cq_free_all(ctx);

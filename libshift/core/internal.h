@@ -24,6 +24,7 @@
 #define SC_ACK_DELAY_NS 200000    /* otherwise the longest an ACK waits for a request to ride on */
 #define SC_RNR_FOREVER 7
 #define SC_DRIVE_GRACE_NS 1000000 /* a caller's pass parks the progress thread for this long (engine.c) */
+#define SC_GREETING_MAX 256       /* accepted connections waiting for their HELLO; past it the oldest goes */
 #define SC_DRIVE_IDLE_MS 20       /* the longest a blocking wait drives progress before it lets the thread */
 
 /* ibverbs' numbers (libshift.vocabulary.enums) */
@@ -133,6 +134,10 @@ struct sc_conn {
     uint32_t send_count;
     uint64_t send_bytes; /* unsent bytes of those */
     struct sc_conn *next_dead;
+    /* an accepted connection before its HELLO has named a QP (qp is NULL): the context's greeting list */
+    uint32_t peer_ip, peer_qpn;
+    int greeting;
+    struct sc_conn *next_greeting, *prev_greeting;
 };
 
 struct sc_sq_item {
@@ -170,13 +175,16 @@ struct sc_qp {
     int sq_sig_all;
     int state;
     uint32_t qpn, local_ip;
-    int listen_fd;
-    uint64_t listen_watch, connect_watch;
+    uint64_t connect_watch;
     int connect_fd;
     uint32_t access;
     uint8_t rnr_retry, min_rnr_timer;
     uint32_t remote_ip, remote_qpn;
     int has_remote;
+    int welcomed; /* the connecting side: the peer's HELLO has come back, requests may go */
+    int refused;  /* the peer has no such QP, or none waiting for us: sends fail RETRY_EXC_ERR at once */
+    int taken;    /* the accepting side has taken its connection since the last RTR (one per RTR) */
+    /* conn: the connection in use; pending: one whose HELLO named this QP when it could not take it */
     struct sc_conn *conn, *pending;
     /* requester */
     struct sc_sq_item *sq;
@@ -201,6 +209,14 @@ struct sc_qp {
 };
 
 enum { WATCH_FREE = 0, WATCH_CONN, WATCH_LISTEN, WATCH_CONNECTING };
+
+/* A listening socket of the context (listener.c): its port is the top 16 bits of its QPs' numbers. */
+struct sc_listener {
+    struct sc_ctx *ctx;
+    int fd;
+    uint64_t watch;
+    struct sc_listener *next;
+};
 
 struct sc_watch {
     uint32_t gen;
@@ -236,6 +252,9 @@ struct sc_ctx {
     struct sc_qp **heap; /* the QPs with a timer armed, earliest first (timers.c) */
     uint32_t heap_len, heap_cap;
     struct sc_conn *dead; /* closed connections, freed at the end of a pass */
+    struct sc_listener *listeners;
+    struct sc_conn *greeting; /* accepted connections whose HELLO has not come yet, newest first */
+    uint32_t ngreeting;
     struct sc_frame *spare; /* sent frames, for the next ones: no malloc per frame */
     uint32_t nspare;
     uint8_t staging[SC_STAGING];
@@ -299,8 +318,10 @@ void sc_qp_on_frame(struct sc_qp *qp, struct sc_conn *conn, const struct sc_hdr 
 void sc_qp_after_input(struct sc_qp *qp, struct sc_conn *conn);
 struct sc_frame *sc_qp_next_request(struct sc_qp *qp, struct sc_conn *conn);
 void sc_qp_on_broken(struct sc_qp *qp, struct sc_conn *conn);
-void sc_qp_listen_ready(struct sc_qp *qp);
 void sc_qp_connect_ready(struct sc_qp *qp);
+/* An accepted connection's HELLO named this QP (conn->peer_qpn is its sender): taken, kept until the
+ * next RTR, or refused. */
+void sc_qp_on_hello(struct sc_qp *qp, struct sc_conn *conn);
 void sc_qp_fire_timers(struct sc_qp *qp, int64_t now);
 void sc_qp_enter_error(struct sc_qp *qp);
 void sc_qp_send_response(struct sc_qp *qp, struct sc_frame *frame);
@@ -330,6 +351,21 @@ int sc_resp_on_request(struct sc_qp *qp, const struct sc_hdr *hdr, struct sc_spa
 void sc_resp_on_request_done(struct sc_qp *qp, const struct sc_hdr *hdr, int placed);
 int sc_resp_take_ack(struct sc_qp *qp, uint32_t *seq);
 void sc_resp_flush(struct sc_qp *qp, int push);
+
+/* listener.c */
+void sc_listen_ready(struct sc_listener *listener);
+/* An accepted connection from from_ip (host order) that waits for its HELLO; NULL without memory. */
+struct sc_conn *sc_listen_adopt(struct sc_ctx *ctx, int fd, uint32_t from_ip);
+/* An accepted connection's first header: 1 if it is a HELLO (or the connection is closing anyway), else
+ * the connection is closed at once, before any payload is read. */
+int sc_listen_first_header(struct sc_conn *conn, const struct sc_hdr *hdr);
+/* The first frame of an accepted connection: a HELLO names the QP it is for. */
+void sc_listen_on_first(struct sc_conn *conn, const struct sc_hdr *hdr);
+/* Answers conn's HELLO, which sought QPN `sought` (from conn->peer_qpn), with REFUSE; the connection
+ * closes once that is sent. */
+void sc_listen_refuse(struct sc_conn *conn, uint32_t sought);
+void sc_listen_forget(struct sc_conn *conn);
+void sc_listen_free_all(struct sc_ctx *ctx);
 
 /* liveness.c: 1 alive, 0 not, -1 nothing to compare with yet */
 void sc_path_reset(struct sc_path *path);

@@ -1,9 +1,9 @@
 /* An RC queue pair: its states, connection set-up, the connection's frames handed to its two halves
  * (requester.c, responder.c), its timers, and errors.
  *
- * Set-up (docs/wire.md): the QP listens on its own socket (the port is the QPN); at RTR the side with the
- * smaller (address, QPN) connects and opens with a HELLO naming both QPNs, the other accepts from the
- * expected address only.
+ * Set-up (docs/wire.md): at RTR the side with the smaller (address, QPN) connects to the port its peer's
+ * QPN names (listener.c) and opens with a HELLO naming both QPNs; the other side's listener hands the
+ * connection to the QP it names, which answers with its own HELLO, and only then do requests flow.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -22,7 +22,7 @@ static void free_memory(struct sc_qp *qp) {
 }
 
 sc_qp *sc_qp_new(sc_pd *pd, sc_cq *send_cq, sc_cq *recv_cq, const struct sc_cap *cap, int sq_sig_all,
-                 int listen_fd, uint32_t qpn, uint32_t local_ip) {
+                 uint32_t qpn, uint32_t local_ip) {
     struct sc_ctx *ctx = pd->ctx;
     sc_qp *qp = calloc(1, sizeof *qp);
     if (!qp) return NULL;
@@ -37,7 +37,6 @@ sc_qp *sc_qp_new(sc_pd *pd, sc_cq *send_cq, sc_cq *recv_cq, const struct sc_cap 
     qp->cap = *cap;
     qp->sq_sig_all = sq_sig_all;
     qp->state = SC_QPS_RESET;
-    qp->listen_fd = listen_fd;
     qp->connect_fd = -1;
     qp->qpn = qpn;
     qp->local_ip = local_ip;
@@ -70,28 +69,46 @@ int sc_qp_state(sc_qp *qp) {
 
 /* -- connection set-up ------------------------------------------------------------------------------- */
 
-static void stop_listening(struct sc_qp *qp) {
-    sc_watch_del(qp->ctx, qp->listen_fd, qp->listen_watch);
-    qp->listen_watch = 0;
-}
-
+/* The connection in use and a connect under way; a pending HELLO stays for the next RTR (its peer may
+ * have re-armed first). */
 static void drop_connection(struct sc_qp *qp) {
     if (qp->conn) sc_conn_close(qp->conn);
-    if (qp->pending) sc_conn_close(qp->pending);
-    qp->conn = qp->pending = NULL;
+    qp->conn = NULL;
     if (qp->connect_fd >= 0) {
         sc_watch_del(qp->ctx, qp->connect_fd, qp->connect_watch);
         close(qp->connect_fd);
     }
     qp->connect_fd = -1;
     qp->connect_watch = 0;
-    stop_listening(qp);
+    qp->welcomed = qp->refused = qp->taken = 0;
 }
 
 static void send_hello(struct sc_qp *qp) {
     struct sc_hdr hello = {.op = SC_OP_HELLO, .seq = qp->qpn, .imm = qp->remote_qpn};
     struct sc_frame *frame = sc_frame_new(qp->ctx, &hello);
     if (frame) sc_conn_send(qp->conn, frame);
+}
+
+static void refused(struct sc_qp *qp) {
+    /* the peer has no such QP: RoCE says RETRY_EXC_ERR once the retries are spent, this says it at once */
+    if (qp->conn) sc_conn_close(qp->conn);
+    qp->conn = NULL;
+    qp->refused = 1;
+    if (qp->sq_count && qp->state == SC_QPS_RTS) sc_req_fail_head(qp, WC_RETRY_EXC_ERR);
+}
+
+static int connects(const struct sc_qp *qp) {
+    /* one side connects, the other accepts: the smaller (address, QPN) connects */
+    return qp->local_ip < qp->remote_ip || (qp->local_ip == qp->remote_ip && qp->qpn < qp->remote_qpn);
+}
+
+static void connected(struct sc_qp *qp, int fd) {
+    qp->conn = sc_conn_new(qp->ctx, qp, fd);
+    if (!qp->conn) {
+        close(fd);
+        return;
+    }
+    send_hello(qp);
 }
 
 void sc_qp_connect_ready(struct sc_qp *qp) {
@@ -101,42 +118,72 @@ void sc_qp_connect_ready(struct sc_qp *qp) {
     qp->connect_fd = -1;
     qp->connect_watch = 0;
     if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0 || err) {
-        close(fd); /* the peer is unreachable: requests will time out, as on an RNIC */
-        return;
-    }
-    qp->conn = sc_conn_new(qp->ctx, qp, fd);
-    if (!qp->conn) {
         close(fd);
+        if (err == ECONNREFUSED) refused(qp); /* nothing listens on that port: no such QP */
+        /* else the peer is unreachable: requests will time out, as on an RNIC */
         return;
     }
-    send_hello(qp);
+    connected(qp, fd);
 }
 
-void sc_qp_listen_ready(struct sc_qp *qp) {
-    struct sockaddr_in from;
-    socklen_t len = sizeof from;
-    int fd = accept4(qp->listen_fd, (struct sockaddr *)&from, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
-    if (!qp->has_remote || from.sin_family != AF_INET || ntohl(from.sin_addr.s_addr) != qp->remote_ip ||
-        qp->conn) {
-        close(fd);
+static void connect_to_peer(struct sc_qp *qp, int fd) {
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(qp->remote_qpn >> 8)),
+                             .sin_addr.s_addr = htonl(qp->remote_ip)};
+    if (connect(fd, (struct sockaddr *)&to, sizeof to) == 0) {
+        connected(qp, fd);
         return;
     }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (qp->pending) sc_conn_close(qp->pending);
-    qp->pending = sc_conn_new(qp->ctx, qp, fd);
-    if (!qp->pending) close(fd);
+    int err = errno;
+    if (err == EINPROGRESS) {
+        qp->connect_fd = fd;
+        qp->connect_watch = sc_watch_add(qp->ctx, fd, WATCH_CONNECTING, qp, 1);
+        if (qp->connect_watch) return;
+        qp->connect_fd = -1;
+    }
+    close(fd);
+    if (err == ECONNREFUSED) refused(qp);
 }
 
-static void on_hello(struct sc_qp *qp, struct sc_conn *conn, const struct sc_hdr *hdr) {
-    qp->pending = NULL;
-    if (hdr->op != SC_OP_HELLO || hdr->seq != qp->remote_qpn || hdr->imm != qp->qpn) {
-        sc_conn_close(conn); /* not our peer: keep waiting for the right one */
+/* Takes conn, whose HELLO named this QP, if it comes from the peer RTR named; refuses it if not. */
+static void take(struct sc_qp *qp, struct sc_conn *conn) {
+    if (conn->peer_ip != qp->remote_ip || conn->peer_qpn != qp->remote_qpn) {
+        sc_listen_refuse(conn, qp->qpn);
         return;
     }
-    stop_listening(qp);
     qp->conn = conn;
+    qp->taken = 1;
+    qp->welcomed = 1;
+    send_hello(qp);
+    sc_qp_pump(qp);
+}
+
+void sc_qp_on_hello(struct sc_qp *qp, struct sc_conn *conn) {
+    conn->qp = qp;
+    int ready = (qp->state == SC_QPS_RTR || qp->state == SC_QPS_RTS) && !connects(qp) && !qp->taken;
+    if (ready) {
+        take(qp, conn);
+        return;
+    }
+    /* not ready for it (not yet at RTR, or still on its last connection, or in ERR: the peer got there
+     * first, as when it re-arms before this side): kept until the next RTR; the peer sends nothing before
+     * our HELLO. The newest is kept. */
+    if (qp->pending) sc_conn_close(qp->pending);
+    qp->pending = conn;
+}
+
+static void on_welcome(struct sc_qp *qp, struct sc_conn *conn, const struct sc_hdr *hdr) {
+    /* the connecting side's first frame back: HELLO (taken) or REFUSE, naming both QPNs */
+    int ours = hdr->seq == qp->remote_qpn && hdr->imm == qp->qpn;
+    if (ours && hdr->op == SC_OP_REFUSE) {
+        refused(qp);
+        return;
+    }
+    if (!ours || hdr->op != SC_OP_HELLO) {
+        sc_conn_close(conn); /* not our peer: requests will time out */
+        qp->conn = NULL;
+        return;
+    }
+    qp->welcomed = 1;
     sc_qp_pump(qp);
 }
 
@@ -150,7 +197,7 @@ void sc_qp_to_init(sc_qp *qp, uint32_t access) {
 }
 
 void sc_qp_to_rtr(sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn, uint32_t rq_psn, uint8_t min_rnr_timer,
-                  int connect_fd, int accept) {
+                  int fd) {
     struct sc_ctx *ctx = qp->ctx;
     pthread_mutex_lock(&ctx->lock);
     qp->remote_ip = remote_ip;
@@ -158,17 +205,16 @@ void sc_qp_to_rtr(sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn, uint32_t r
     qp->has_remote = 1;
     qp->min_rnr_timer = min_rnr_timer;
     qp->expected = rq_psn;
-    if (connect_fd >= 0) {
-        qp->connect_fd = connect_fd;
-        qp->connect_watch = sc_watch_add(ctx, connect_fd, WATCH_CONNECTING, qp, 1);
-        if (!qp->connect_watch) {
-            close(connect_fd);
-            qp->connect_fd = -1;
-        }
-    } else if (accept) {
-        qp->listen_watch = sc_watch_add(ctx, qp->listen_fd, WATCH_LISTEN, qp, 0);
-    }
     qp->state = SC_QPS_RTR;
+    struct sc_conn *pending = qp->pending;
+    qp->pending = NULL;
+    if (connects(qp)) {
+        if (pending) sc_listen_refuse(pending, qp->qpn); /* this side connects: the peer should not have */
+        if (fd >= 0) connect_to_peer(qp, fd);
+    } else {
+        if (fd >= 0) close(fd);
+        if (pending) take(qp, pending);
+    }
     pthread_mutex_unlock(&ctx->lock);
 }
 
@@ -193,7 +239,6 @@ void sc_qp_enter_error(struct sc_qp *qp) {
     sc_resp_flush(qp, 1);
     qp->has_ack = 0;
     sc_timer_set(qp, T_ACK, 0);
-    stop_listening(qp);
     if (qp->conn) sc_conn_close_when_sent(qp->conn);
 }
 
@@ -229,7 +274,7 @@ static void unlink_qp(struct sc_qp *qp) {
 
 static void destroy(struct sc_qp *qp) {
     reset(qp);
-    close(qp->listen_fd);
+    if (qp->pending) sc_conn_close(qp->pending);
     sc_cq_put(qp->send_cq);
     sc_cq_put(qp->recv_cq);
     free_memory(qp);
@@ -268,6 +313,7 @@ enum sc_post_error sc_qp_post_send(sc_qp *qp, const struct sc_send_wr *wrs, int 
         if (err == SC_POST_OK) (*posted)++;
     }
     if (state == SC_QPS_ERR) sc_req_flush(qp, 1); /* posted to an ERR QP: it completes as a flush */
+    else if (qp->refused && qp->sq_count) sc_req_fail_head(qp, WC_RETRY_EXC_ERR);
     else {
         if (qp->conn) sc_conn_pump(qp->conn);
         if (!qp->deadline) sc_req_arm(qp);
@@ -322,18 +368,24 @@ void sc_qp_complete_recv(struct sc_qp *qp, const struct sc_wc *wc, int solicited
 /* -- the connection's sink --------------------------------------------------------------------------- */
 
 int sc_qp_on_header(struct sc_qp *qp, struct sc_conn *conn, const struct sc_hdr *hdr) {
-    if (conn != qp->conn || qp->state == SC_QPS_ERR) return 0; /* (a pending connection is not qp->conn) */
+    /* (a pending connection is not qp->conn; nothing is placed before the peer's HELLO) */
+    if (conn != qp->conn || qp->state == SC_QPS_ERR || !qp->welcomed) return 0;
     if (sc_wire_is_request(hdr->op)) return sc_resp_on_request(qp, hdr, &conn->targets);
     if (hdr->op == SC_OP_READ_RESP) return sc_req_read_targets(qp, hdr, &conn->targets);
     return 0;
 }
 
 void sc_qp_on_frame(struct sc_qp *qp, struct sc_conn *conn, const struct sc_hdr *hdr, int placed) {
-    if (conn == qp->pending) {
-        on_hello(qp, conn, hdr);
+    if (conn == qp->pending) { /* a frame before our HELLO: the peer did not wait for it */
+        qp->pending = NULL;
+        sc_conn_close(conn);
         return;
     }
     if (conn != qp->conn || qp->state == SC_QPS_ERR) return;
+    if (!qp->welcomed) {
+        on_welcome(qp, conn, hdr);
+        return;
+    }
     if (sc_wire_is_request(hdr->op)) {
         if (hdr->flags & SC_WIRE_FLAG_ACK) sc_req_on_ack(qp, hdr->ack);
         sc_resp_on_request_done(qp, hdr, placed);
@@ -375,7 +427,7 @@ void sc_qp_after_input(struct sc_qp *qp, struct sc_conn *conn) {
 }
 
 struct sc_frame *sc_qp_next_request(struct sc_qp *qp, struct sc_conn *conn) {
-    if (conn != qp->conn || qp->state != SC_QPS_RTS) return NULL;
+    if (conn != qp->conn || qp->state != SC_QPS_RTS || !qp->welcomed) return NULL;
     struct sc_frame *frame = sc_req_next(qp, qp->has_ack, qp->ack_seq);
     if (frame && qp->has_ack) {
         uint32_t seq;

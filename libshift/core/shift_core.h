@@ -108,15 +108,20 @@ int sc_cq_poll(sc_cq *cq, int n, struct sc_wc *out);
 void sc_cq_req_notify(sc_cq *cq, int solicited_only);
 void sc_cq_free(sc_cq *cq);
 
-/* A QP listening on listen_fd (its port is the QPN) at local_ip (host order). */
+/* Hands the context a listening socket (bound to its device's address): it accepts the connections of
+ * its QPs' peers and gives each to the QP its HELLO names (listener.c). A QPN names its listener: the port
+ * is qpn >> 8, so a peer needs no more than the GID and the QPN. 0, or -1 without memory. */
+int sc_ctx_listen(sc_ctx *ctx, int listen_fd);
+/* A QP numbered qpn (port << 8 | index, the port one of the context's listeners) at local_ip (host order). */
 sc_qp *sc_qp_new(sc_pd *pd, sc_cq *send_cq, sc_cq *recv_cq, const struct sc_cap *cap, int sq_sig_all,
-                 int listen_fd, uint32_t qpn, uint32_t local_ip);
+                 uint32_t qpn, uint32_t local_ip);
 int sc_qp_state(sc_qp *qp);
 void sc_qp_to_init(sc_qp *qp, uint32_t access);
-/* connect_fd: a socket whose non-blocking connect to the peer is under way, or -1 to accept the peer's
- * connection from remote_ip on the listener (accept is 0 when the peer cannot be reached at all). */
+/* fd: a non-blocking socket bound to the device, or -1 when none could be made. The side with the smaller
+ * (address, QPN) connects with it to the peer's port (remote_qpn >> 8); the other closes it and takes the
+ * peer's connection from its listener. */
 void sc_qp_to_rtr(sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn, uint32_t rq_psn, uint8_t min_rnr_timer,
-                  int connect_fd, int accept);
+                  int fd);
 /* ack_timeout_ns 0: no deadline; the send PSN is taken when coming from RTR. */
 void sc_qp_to_rts(sc_qp *qp, uint64_t ack_timeout_ns, uint64_t retry_period_ns, uint8_t rnr_retry,
                   uint32_t sq_psn);

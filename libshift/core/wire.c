@@ -37,7 +37,7 @@ void sc_wire_pack(const struct sc_hdr *hdr, uint8_t out[SC_WIRE_HEADER_SIZE]) {
 }
 
 static int known_op(unsigned op) {
-    return (op >= SC_OP_HELLO && op <= SC_OP_FETCH_ADD) || (op >= SC_OP_ACK && op <= SC_OP_ATOMIC_RESP);
+    return (op >= SC_OP_HELLO && op <= SC_OP_FETCH_ADD) || (op >= SC_OP_ACK && op <= SC_OP_REFUSE);
 }
 
 int sc_wire_is_request(unsigned op) { return op >= SC_OP_SEND && op <= SC_OP_FETCH_ADD; }

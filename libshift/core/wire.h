@@ -14,7 +14,7 @@
 #define SC_WIRE_NAK_RNR 0xFFFFu
 
 enum sc_wire_op {
-    SC_OP_HELLO = 1, /* the connecting side's first frame: seq = its QPN, imm = the QPN it means to reach */
+    SC_OP_HELLO = 1, /* each side's first frame: seq = its own QPN, imm = the QPN it means to reach */
     SC_OP_SEND = 2,
     SC_OP_SEND_IMM = 3,
     SC_OP_WRITE = 4,
@@ -26,6 +26,7 @@ enum sc_wire_op {
     SC_OP_NAK = 17,
     SC_OP_READ_RESP = 18,
     SC_OP_ATOMIC_RESP = 19,
+    SC_OP_REFUSE = 20, /* a listener's answer to a HELLO it will not take: seq = the QPN sought, imm = the asker's */
 };
 
 struct sc_hdr {

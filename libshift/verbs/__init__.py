@@ -7,10 +7,22 @@ and, standing on it, the objects and device lookup. Code above this floor import
 from libshift.device import get_device_list
 from libshift.verbs.objects import CQ, MR, PD, QP, Buffer, CompChannel, Context, QPInitAttr
 from libshift.vocabulary import enums
-from libshift.vocabulary.attrs import DeviceAttr, Endpoint, PortAttr, QPAttr, QPCap, ack_deadline
+from libshift.vocabulary.attrs import (
+    GID,
+    AHAttr,
+    DeviceAttr,
+    Endpoint,
+    GlobalRoute,
+    PortAttr,
+    QPAttr,
+    QPCap,
+    ack_deadline,
+)
 from libshift.vocabulary.enums import (
     ibv_access_flags,
+    ibv_mtu,
     ibv_port_state,
+    ibv_qp_attr_mask,
     ibv_qp_state,
     ibv_qp_type,
     ibv_send_flags,
@@ -30,17 +42,20 @@ from libshift.vocabulary.wr import SGE, WC, RecvWR, SendWR
 
 __all__ = [
     "CQ",
+    "GID",
     "MR",
     "PD",
     "QP",
     "SGE",
     "WC",
+    "AHAttr",
     "Buffer",
     "CQOverflowError",
     "CompChannel",
     "Context",
     "DeviceAttr",
     "Endpoint",
+    "GlobalRoute",
     "PortAttr",
     "PyverbsError",
     "PyverbsRDMAError",
@@ -55,7 +70,9 @@ __all__ = [
     "enums",
     "get_device_list",
     "ibv_access_flags",
+    "ibv_mtu",
     "ibv_port_state",
+    "ibv_qp_attr_mask",
     "ibv_qp_state",
     "ibv_qp_type",
     "ibv_send_flags",

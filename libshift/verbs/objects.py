@@ -6,6 +6,7 @@ a provider only implements the transport.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,7 +15,8 @@ from typing import Any, Self
 
 from libshift.device import find_device
 from libshift.providers import DeviceInfo, ProviderContext, ProviderCQ
-from libshift.vocabulary.attrs import DeviceAttr, Endpoint, PortAttr, QPAttr, QPCap
+from libshift.verbs.masks import check_mask
+from libshift.vocabulary.attrs import GID, DeviceAttr, Endpoint, PortAttr, QPAttr, QPCap
 from libshift.vocabulary.enums import ibv_qp_state, ibv_qp_type
 from libshift.vocabulary.errors import VerbsError, VerbsRDMAError
 from libshift.vocabulary.wr import WC, RecvWR, SendWR
@@ -46,9 +48,9 @@ class Context(_Closable):
         self.name = name
         self.impl: ProviderContext = prov.open(device)
 
-    def query_gid(self, port_num: int = 1, index: int = 0) -> str:
-        """The device's GID (tcp: the IPv4-mapped IPv6 form of the netdev's address)."""
-        return self.impl.gid()
+    def query_gid(self, port_num: int = 1, index: int = 0) -> GID:
+        """The device's GID (tcp: the IPv4-mapped IPv6 form of the netdev's address), a str and a GID."""
+        return GID(self.impl.gid())
 
     def query_device(self) -> DeviceAttr:
         """The device's limits (max_cqe, max_sge, max_qp_wr): what queues may be sized to."""
@@ -177,13 +179,16 @@ class CQ(_Closable):
 
 @dataclass
 class QPInitAttr:
-    """How to create a QP (RC only): its CQs, its queue sizes, and whether every send is signaled.
+    """How to create a QP (RC only): its CQs, its queue sizes, and whether every send is signaled; fields
+    in pyverbs' order (its defaults are UD and sq_sig_all=1: a pyverbs RC program names qp_type anyway).
 
     It holds two CQ objects, so it stands here beside QP rather than in the vocabulary beneath."""
 
     qp_type: ibv_qp_type = ibv_qp_type.IBV_QPT_RC
+    qp_context: object = None
     scq: CQ | None = None
     rcq: CQ | None = None
+    srq: None = None
     cap: QPCap = field(default_factory=QPCap)
     sq_sig_all: bool = False
 
@@ -191,11 +196,14 @@ class QPInitAttr:
 class QP(_Closable):
     """An RC queue pair: RESET -> INIT -> RTR -> RTS, ERR on a transport error."""
 
-    def __init__(self, pd: PD, init_attr: QPInitAttr) -> None:
+    def __init__(self, pd: PD, init_attr: QPInitAttr, qp_attr: QPAttr | None = None) -> None:
+        """With `qp_attr` the new QP goes to INIT with it, as pyverbs' RC QPs do (RTR needs the peer)."""
         if init_attr.qp_type != ibv_qp_type.IBV_QPT_RC:
             raise VerbsRDMAError("only RC queue pairs are supported", errno.EOPNOTSUPP)
         if init_attr.scq is None or init_attr.rcq is None:
             raise VerbsRDMAError("QPInitAttr needs scq and rcq")
+        if init_attr.srq is not None:
+            raise VerbsRDMAError("shared receive queues are not supported", errno.EOPNOTSUPP)
         for cq in (init_attr.scq, init_attr.rcq):
             if cq.ctx is not pd.ctx:
                 raise VerbsRDMAError("the CQs of a QP must belong to the QP's device context")
@@ -203,6 +211,8 @@ class QP(_Closable):
         self.impl = pd.impl.create_qp(
             init_attr.scq.impl, init_attr.rcq.impl, init_attr.cap, init_attr.sq_sig_all
         )
+        if qp_attr is not None:
+            self.to_init(qp_attr)
 
     @property
     def qp_num(self) -> int:
@@ -220,18 +230,28 @@ class QP(_Closable):
         """This QP's connection data, to hand to the peer."""
         return self.impl.endpoint()
 
-    def modify(self, attr: QPAttr) -> None:
+    def modify(self, attr: QPAttr, attr_mask: int | None = None) -> None:
+        """ibv_modify_qp: towards attr.qp_state. With pyverbs' `attr_mask` (ibv_qp_attr_mask), the mask
+        must hold what ibverbs requires of the transition for an RC QP; without one, every field counts."""
+        if attr_mask is not None:
+            check_mask(self.qp_state, attr, attr_mask)
+        if attr.qp_state == ibv_qp_state.IBV_QPS_RTR and self.qp_state == ibv_qp_state.IBV_QPS_INIT:
+            self._name_peer(attr)  # (from any other state the provider refuses the transition itself)
         self.impl.modify(attr)
 
     def to_init(self, attr: QPAttr | None = None) -> None:
         self._to(ibv_qp_state.IBV_QPS_INIT, attr)
 
     def to_rtr(self, attr: QPAttr) -> None:
-        if attr.dest is None:
-            raise VerbsError("to_rtr needs attr.dest, the peer's Endpoint")
+        """To RTR (from RESET by way of INIT, as pyverbs does)."""
+        if self.qp_state == ibv_qp_state.IBV_QPS_RESET:
+            self.to_init(attr)
         self._to(ibv_qp_state.IBV_QPS_RTR, attr)
 
     def to_rts(self, attr: QPAttr | None = None) -> None:
+        """To RTS (from RESET or INIT by way of RTR, as pyverbs does)."""
+        if attr is not None and self.qp_state in (ibv_qp_state.IBV_QPS_RESET, ibv_qp_state.IBV_QPS_INIT):
+            self.to_rtr(attr)
         self._to(ibv_qp_state.IBV_QPS_RTS, attr)
 
     def to_err(self) -> None:
@@ -247,7 +267,20 @@ class QP(_Closable):
     def _to(self, state: ibv_qp_state, attr: QPAttr | None) -> None:
         attr = attr or QPAttr()
         attr.qp_state = state
-        self.impl.modify(attr)
+        self.modify(attr)
+
+    def _name_peer(self, attr: QPAttr) -> None:
+        """Sets attr.dest from pyverbs' ah_attr, dest_qp_num and rq_psn when it is not given (as pyverbs'
+        to_rtr sets qp_state), so the providers and the shift layer read one spelling; an Endpoint that
+        names no provider is taken as one of this QP's provider."""
+        peer = attr.peer()
+        if peer is None:
+            raise VerbsError(
+                "to_rtr needs attr.dest, the peer's Endpoint, or as pyverbs has it attr.ah_attr "
+                "(AHAttr(is_global=1, gr=GlobalRoute(dgid=...))) and attr.dest_qp_num"
+            )
+        if not peer.provider:  # GID, QPN and PSN alone: a peer of this QP's own provider
+            attr.dest = dataclasses.replace(peer, provider=self.pd.ctx.device.provider)
 
     def post_send(self, wr: SendWR) -> None:
         self.impl.post_send(wr)

@@ -1,4 +1,8 @@
-"""QP attributes and the Endpoint, the connection data the application exchanges to connect two QPs."""
+"""QP attributes and the Endpoint, the connection data the application exchanges to connect two QPs.
+
+A peer QP is named by GID, QPN and PSN, as on RoCE: either as pyverbs spells them (QPAttr.ah_attr =
+AHAttr(gr=GlobalRoute(dgid=...)), dest_qp_num, rq_psn) or all three at once as an Endpoint in QPAttr.dest.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +10,25 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from libshift.vocabulary.enums import ibv_port_state, ibv_qp_state
+from libshift.vocabulary.enums import ibv_mtu, ibv_port_state, ibv_qp_state
+from libshift.vocabulary.errors import VerbsError
 
 
 @dataclass(frozen=True)
 class Endpoint:
-    """What a peer needs to connect to a QP: GID, QPN, first PSN, device, and provider data (tcp: port).
+    """What a peer needs to connect to a QP: GID, QPN and first PSN, as on RoCE; which device and provider
+    made it (for the shift layer's lookups), and data a provider needs beyond those three (the verbs
+    provider: LID and MTU; none on tcp; the shift layer adds its notification target).
 
-    The application exchanges it through its own channel, as it would exchange LID/GID/QPN with real RDMA;
+    The application exchanges it through its own channel, as it would exchange GID/QPN/PSN with real RDMA;
     to_json/from_json give it a portable form.
     """
 
     gid: str
     qpn: int
     psn: int
-    device: str
-    provider: str
+    device: str = ""
+    provider: str = ""
     provider_data: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -55,9 +62,11 @@ class DeviceAttr:
 
 @dataclass(frozen=True)
 class PortAttr:
-    """A port's attributes, as ibv_query_port answers them: its state (ACTIVE while it carries traffic)."""
+    """A port's attributes, as ibv_query_port answers them: its state (ACTIVE while it carries traffic) and
+    its MTU (tcp: no path MTU of its own, so the largest)."""
 
     state: ibv_port_state
+    active_mtu: ibv_mtu = ibv_mtu.IBV_MTU_4096
 
 
 def retry_period(timeout: int) -> float | None:
@@ -71,16 +80,65 @@ def ack_deadline(timeout: int, retry_cnt: int) -> float | None:
     return None if period is None else period * (retry_cnt + 1)
 
 
+class GID(str):
+    """A GID, as pyverbs' GID(val=...) and its .gid spell it, that is also its text."""
+
+    def __new__(cls, val: str | None = None) -> GID:
+        return super().__new__(cls, "::" if val is None else str(val))
+
+    @property
+    def gid(self) -> str:
+        return str(self)
+
+
+@dataclass
+class GlobalRoute:
+    """The GRH part of an address (ibv_global_route): on RoCE, and here, the peer's GID."""
+
+    dgid: GID | str | None = None
+    flow_label: int = 0
+    sgid_index: int = 0
+    hop_limit: int = 1
+    traffic_class: int = 0
+
+
+@dataclass
+class AHAttr:
+    """A path to the peer (ibv_ah_attr): RoCE needs the global route, `gr`, with is_global set."""
+
+    dlid: int = 0
+    sl: int = 0
+    src_path_bits: int = 0
+    static_rate: int = 0
+    is_global: int = 0
+    port_num: int = 1
+    gr: GlobalRoute | None = None
+
+    def __post_init__(self) -> None:
+        if self.is_global and self.gr is None:
+            raise VerbsError("AHAttr: is_global is set but gr (a GlobalRoute) is None")
+
+
 @dataclass
 class QPAttr:
-    """Attributes for a state transition; `dest` (the peer's Endpoint) is what RTR needs.
+    """Attributes for a state transition, with pyverbs' field names (its first four in its order).
 
+    RTR needs the peer: pyverbs' ah_attr (AHAttr with a GlobalRoute whose dgid is the peer's GID) and
+    dest_qp_num, or an Endpoint in `dest` (which, when given, names GID and QPN). rq_psn, when given, is
+    the peer's first PSN, else dest.psn; sq_psn, when given, is ours, else the one our Endpoint offered.
     timeout and retry_cnt give the ack deadline (4.096 us x 2**timeout per try, retry_cnt + 1 tries;
     timeout 0 waits forever); rnr_retry 7 waits for a receive forever; min_rnr_timer is IB's encoded delay.
+    Defaults differ from pyverbs' zeroed struct where zero would be a poor start (timeout 0 = no deadline).
     """
 
     qp_state: ibv_qp_state = ibv_qp_state.IBV_QPS_RESET
+    cur_qp_state: ibv_qp_state = ibv_qp_state.IBV_QPS_RESET
+    port_num: int = 1
+    path_mtu: int = ibv_mtu.IBV_MTU_4096
     qp_access_flags: int = 0
+    pkey_index: int = 0
+    ah_attr: AHAttr | None = None
+    dest_qp_num: int | None = None
     dest: Endpoint | None = None
     rq_psn: int | None = None
     sq_psn: int | None = None
@@ -90,4 +148,13 @@ class QPAttr:
     min_rnr_timer: int = 12
     max_rd_atomic: int = 16
     max_dest_rd_atomic: int = 16
-    path_mtu: int = 5
+
+    def peer(self) -> Endpoint | None:
+        """The peer RTR connects to: `dest`, else pyverbs' ah_attr.gr.dgid, dest_qp_num and rq_psn
+        (None when those are incomplete)."""
+        if self.dest is not None:
+            return self.dest
+        route = self.ah_attr.gr if self.ah_attr is not None else None
+        if route is None or route.dgid is None or self.dest_qp_num is None:
+            return None
+        return Endpoint(gid=str(route.dgid), qpn=self.dest_qp_num, psn=self.rq_psn or 0)

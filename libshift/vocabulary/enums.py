@@ -80,6 +80,40 @@ class ibv_qp_state(IntEnum):
     IBV_QPS_ERR = 6
 
 
+class ibv_qp_attr_mask(IntFlag):
+    """Which QPAttr fields a modify(attr, mask) applies (ibverbs' numbers)."""
+
+    IBV_QP_STATE = 1 << 0
+    IBV_QP_CUR_STATE = 1 << 1
+    IBV_QP_EN_SQD_ASYNC_NOTIFY = 1 << 2
+    IBV_QP_ACCESS_FLAGS = 1 << 3
+    IBV_QP_PKEY_INDEX = 1 << 4
+    IBV_QP_PORT = 1 << 5
+    IBV_QP_QKEY = 1 << 6
+    IBV_QP_AV = 1 << 7
+    IBV_QP_PATH_MTU = 1 << 8
+    IBV_QP_TIMEOUT = 1 << 9
+    IBV_QP_RETRY_CNT = 1 << 10
+    IBV_QP_RNR_RETRY = 1 << 11
+    IBV_QP_RQ_PSN = 1 << 12
+    IBV_QP_MAX_QP_RD_ATOMIC = 1 << 13
+    IBV_QP_ALT_PATH = 1 << 14
+    IBV_QP_MIN_RNR_TIMER = 1 << 15
+    IBV_QP_SQ_PSN = 1 << 16
+    IBV_QP_MAX_DEST_RD_ATOMIC = 1 << 17
+    IBV_QP_PATH_MIG_STATE = 1 << 18
+    IBV_QP_CAP = 1 << 19
+    IBV_QP_DEST_QPN = 1 << 20
+
+
+class ibv_mtu(IntEnum):
+    IBV_MTU_256 = 1
+    IBV_MTU_512 = 2
+    IBV_MTU_1024 = 3
+    IBV_MTU_2048 = 4
+    IBV_MTU_4096 = 5
+
+
 class ibv_qp_type(IntEnum):
     IBV_QPT_RC = 2
 
@@ -105,6 +139,8 @@ globals().update(
             ibv_send_flags,
             ibv_access_flags,
             ibv_qp_state,
+            ibv_qp_attr_mask,
+            ibv_mtu,
             ibv_qp_type,
             ibv_port_state,
         )

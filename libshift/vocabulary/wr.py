@@ -18,14 +18,15 @@ class SGE:
 
 @dataclass
 class SendWR:
-    """A send-queue work request; remote_addr/rkey for RDMA, compare_add/swap for atomics."""
+    """A send-queue work request, its first six fields in pyverbs' order; remote_addr/rkey for RDMA,
+    compare_add/swap for atomics. num_sge None (the default) takes the whole sg list."""
 
     wr_id: int = 0
     opcode: ibv_wr_opcode = ibv_wr_opcode.IBV_WR_SEND
     num_sge: int | None = None
+    imm_data: int = 0
     sg: list[SGE] = field(default_factory=list)
     send_flags: int = ibv_send_flags.IBV_SEND_SIGNALED
-    imm_data: int = 0
     remote_addr: int = 0
     rkey: int = 0
     compare_add: int = 0
@@ -47,7 +48,7 @@ class SendWR:
         """This WR with another id, gather list, flags and rkey: what a layer below the application posts
         in its stead (spelled out: dataclasses.replace costs several microseconds a post)."""
         return SendWR(
-            wr_id, self.opcode, None, sg, send_flags, self.imm_data, self.remote_addr, rkey, self.compare_add,
+            wr_id, self.opcode, None, self.imm_data, sg, send_flags, self.remote_addr, rkey, self.compare_add,
             self.swap,
         )  # fmt: skip
 
@@ -67,8 +68,9 @@ class RecvWR:
 
 @dataclass(slots=True)
 class WC:
-    """A work completion, with ibverbs' field names. Not frozen, as pyverbs' is not: a frozen dataclass costs
-    microseconds to build, once per completion."""
+    """A work completion, with ibverbs' field names (all of pyverbs' WC's; the last four are UD's and read 0
+    on RC). Not frozen, as pyverbs' is not: a frozen dataclass costs microseconds to build, once per
+    completion."""
 
     wr_id: int
     status: ibv_wc_status
@@ -79,3 +81,7 @@ class WC:
     wc_flags: int = 0
     src_qp: int = 0
     vendor_err: int = 0
+    pkey_index: int = 0
+    slid: int = 0
+    sl: int = 0
+    dlid_path_bits: int = 0

@@ -109,18 +109,17 @@ def fuzz_once(t: Target, stream: list[bytes], hello_ok: bool) -> str:
     with in_netns(host.netns):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((host.address, 0))
-    port = sock.getsockname()[1]
+    peer_qpn = 7  # below any QPN the core gives (a port << 8): the peer is the side that connects
     qp = QP(t.pd, QPInitAttr(scq=t.cq, rcq=t.cq))
     try:
         qp.to_init(QPAttr(qp_access_flags=ALL))
-        peer = Endpoint(f"::ffff:{host.address}", port, PSN, "vxf_a", "tcp", {"port": port})
-        qp.to_rtr(QPAttr(dest=peer))
+        qp.to_rtr(QPAttr(dest=Endpoint(f"::ffff:{host.address}", peer_qpn, PSN)))
         qp.to_rts(QPAttr())
         for i in range(3):
             qp.post_recv(RecvWR(wr_id=i, sg=[SGE(t.rw.buf + 64 * i, 64, t.rw.lkey)]))
         sock.settimeout(5)
-        sock.connect((t.fabric.hosts[1].address, qp.qp_num))
-        hello = wire.pack_header(wire.Op.HELLO, port if hello_ok else port + 1, imm=qp.qp_num)
+        sock.connect((t.fabric.hosts[1].address, qp.qp_num >> 8))
+        hello = wire.pack_header(wire.Op.HELLO, peer_qpn if hello_ok else peer_qpn + 1, imm=qp.qp_num)
         try:
             sock.sendall(hello + b"".join(stream))
             sock.shutdown(socket.SHUT_WR)

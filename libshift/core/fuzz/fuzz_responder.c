@@ -3,6 +3,11 @@
  * tests/core/test_core_fuzz.py. Whatever arrives, nothing crashes and no byte changes outside the one MR
  * that grants remote write.
  *
+ * The first frame picks the side the stream reaches: a HELLO is an accepted connection's opening, read by
+ * the context's listener, which hands it to QP 2 (waiting for QP 1) or refuses it; a HELLO or REFUSE with
+ * flag bit 15 set is the answer to QP 1's own HELLO (a QP that connected and waits for it); anything else
+ * goes to a connected QP, as before.
+ *
  * Keys are random, which a fuzzer cannot guess: a frame whose rkey is below 4 has it replaced by the key
  * of MR number rkey (0: writable, 1: read-only, 2: another PD's, 3: a stale key), and its addr taken as an
  * offset from that MR's start (a signed 16-bit one, so that both edges are hit).
@@ -66,7 +71,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     aim(stream, size);
     int fds[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds)) abort();
-    sc_qp *qp = qp_on_fd(pd, cq, fds[1], 2, 1);
+    struct sc_hdr first = {0};
+    int framed = size >= SC_WIRE_HEADER_SIZE && sc_wire_parse(stream, &first) == SC_WIRE_OK;
+    int greeting = framed && (first.op == SC_OP_HELLO || first.op == SC_OP_REFUSE);
+    sc_qp *qp;
+    if (greeting && (first.flags & 0x8000)) {
+        qp = qp_on_fd_as(pd, cq, fds[1], 1, 2, 0);
+    } else if (greeting && first.op == SC_OP_HELLO) {
+        qp = qp_unconnected(pd, cq, 2, 1);
+        pthread_mutex_lock(&ctx->lock);
+        if (!sc_listen_adopt(ctx, fds[1], 0x7f000001)) abort();
+        pthread_mutex_unlock(&ctx->lock);
+    } else {
+        qp = qp_on_fd(pd, cq, fds[1], 2, 1);
+    }
     struct sc_sge sge = {(uint64_t)(uintptr_t)mem[0], 64, sc_mr_lkey(mrs[0])};
     struct sc_recv_wr recv_wr = {.wr_id = 1, .num_sge = 1, .sg = &sge};
     int posted;

@@ -1,5 +1,7 @@
 /* Unit tests of the C core, built with ASan and UBSan by tests/core/test_core_c.py.
  * Prints "N passed, M failed" and exits non-zero on any failure. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +50,7 @@ static void test_wire_refuses_what_it_cannot_frame(void) {
     buf[0] = SC_WIRE_MAGIC;
     for (unsigned op = 0; op < 256; op++) {
         buf[1] = (uint8_t)op;
-        int known = (op >= 1 && op <= 8) || (op >= 16 && op <= 19);
+        int known = (op >= 1 && op <= 8) || (op >= 16 && op <= 20);
         CHECK((sc_wire_parse(buf, &got) == SC_WIRE_OK) == known);
     }
     buf[1] = SC_OP_SEND;
@@ -270,7 +272,7 @@ static void test_refusals(void) {
     sc_pd *pd = sc_pd_new(ctx);
     sc_cq *cq = sc_cq_new(ctx, 4, NULL, 0);
     struct sc_cap cap = {1, 1, 1, 1, 4};
-    sc_qp *qp = sc_qp_new(pd, cq, cq, &cap, 0, -1, 5, 0x7f000001);
+    sc_qp *qp = sc_qp_new(pd, cq, cq, &cap, 0, 5, 0x7f000001);
     struct sc_sge sge[2] = {{0, 8, 0}, {0, 8, 0}};
     struct sc_send_wr wr = {.opcode = WR_SEND, .num_sge = 1, .sg = sge};
     struct sc_recv_wr rwr = {.num_sge = 2, .sg = sge};
@@ -282,7 +284,7 @@ static void test_refusals(void) {
     rwr.num_sge = 1;
     CHECK(sc_qp_post_recv(qp, &rwr, 1, &posted) == SC_POST_OK);
     CHECK(sc_qp_post_recv(qp, &rwr, 1, &posted) == SC_POST_QUEUE_FULL);
-    sc_qp_to_rtr(qp, 0x7f000001, 6, 0, 1, -1, 0);
+    sc_qp_to_rtr(qp, 0x7f000001, 6, 0, 1, -1);
     sc_qp_to_rts(qp, 0, 0, 7, 0);
     wr.opcode = 99;
     CHECK(sc_qp_post_send(qp, &wr, 1, &posted) == SC_POST_OPCODE);
@@ -294,6 +296,97 @@ static void test_refusals(void) {
     wr.send_flags = 0;
     CHECK(sc_qp_post_send(qp, &wr, 1, &posted) == SC_POST_ATOMIC);
     sc_ctx_free(ctx);
+}
+
+/* A non-blocking TCP socket on 127.0.0.1 (listening when asked); *port is its port. */
+static int loopback_socket(int listening, uint16_t *port) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_in at = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof at;
+    CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&at, sizeof at) == 0);
+    if (listening) CHECK(listen(fd, 16) == 0);
+    CHECK(getsockname(fd, (struct sockaddr *)&at, &len) == 0);
+    *port = ntohs(at.sin_port);
+    return fd;
+}
+
+/* A QP of pd numbered port << 8 | index, in INIT. */
+static sc_qp *init_qp(sc_pd *pd, sc_cq *cq, uint32_t qpn) {
+    struct sc_cap cap = {4, 4, 1, 1, 0};
+    sc_qp *qp = sc_qp_new(pd, cq, cq, &cap, 0, qpn, INADDR_LOOPBACK);
+    sc_qp_to_init(qp, ACCESS_LOCAL_WRITE);
+    return qp;
+}
+
+static void rtr_towards(sc_qp *qp, uint32_t remote_qpn) {
+    uint16_t unused;
+    sc_qp_to_rtr(qp, INADDR_LOOPBACK, remote_qpn, 0, 1, loopback_socket(0, &unused));
+}
+
+/* One listener per context, QPs told apart by the HELLO: a pair whose acceptor reaches RTR after the
+ * connector's HELLO has arrived, and again after both are re-armed, the connector first; a HELLO for a QPN the listener's context lacks, and a QPN whose port has
+ * no listener, both fail the asker's first send at once (timeout 0: no deadline could end it). */
+static void test_qpns_name_listeners(void) {
+    static uint8_t ma[64], mb[64];
+    uint16_t pa, pb, closed;
+    sc_ctx *ca = sc_ctx_new(), *cb = sc_ctx_new();
+    CHECK(sc_ctx_listen(ca, loopback_socket(1, &pa)) == 0 && sc_ctx_listen(cb, loopback_socket(1, &pb)) == 0);
+    close(loopback_socket(0, &closed));
+    sc_cq *qa = sc_cq_new(ca, 16, NULL, 0), *qb = sc_cq_new(cb, 16, NULL, 0);
+    sc_pd *pda = sc_pd_new(ca), *pdb = sc_pd_new(cb);
+    uint32_t na = (uint32_t)pa << 8 | 3, nb = (uint32_t)pb << 8 | 4;
+    sc_qp *a = init_qp(pda, qa, na), *b = init_qp(pdb, qb, nb);
+    rtr_towards(na < nb ? a : b, na < nb ? nb : na);
+    usleep(50000); /* the connector's HELLO waits at the other QP, still in INIT */
+    rtr_towards(na < nb ? b : a, na < nb ? na : nb);
+    sc_qp_to_rts(a, 0, 0, 7, 0);
+    sc_qp_to_rts(b, 0, 0, 7, 0);
+    sc_mr *ra = sc_mr_reg(pda, ma, sizeof ma, ACCESS_LOCAL_WRITE);
+    struct sc_sge sa = {(uint64_t)(uintptr_t)ma, 5, sc_mr_lkey(ra)};
+    struct sc_send_wr send = {.wr_id = 1, .opcode = WR_SEND, .send_flags = SEND_SIGNALED, .num_sge = 1,
+                              .sg = &sa};
+    sc_mr *rb = sc_mr_reg(pdb, mb, sizeof mb, ACCESS_LOCAL_WRITE);
+    struct sc_sge sb = {(uint64_t)(uintptr_t)mb, sizeof mb, sc_mr_lkey(rb)};
+    struct sc_recv_wr rwr = {.wr_id = 2, .num_sge = 1, .sg = &sb};
+    int posted;
+    CHECK(sc_qp_post_recv(b, &rwr, 1, &posted) == SC_POST_OK);
+    memcpy(ma, "hello", 5);
+    CHECK(sc_qp_post_send(a, &send, 1, &posted) == SC_POST_OK);
+    struct sc_wc wc;
+    CHECK(wait_wc(qa, &wc) && wc.wr_id == 1 && wc.status == WC_SUCCESS);
+    CHECK(wait_wc(qb, &wc) && wc.wr_id == 2 && wc.byte_len == 5 && memcmp(mb, "hello", 5) == 0);
+
+    /* re-armed, the connector first: its HELLO waits at the other QP, still on its old connection, until
+     * that QP's next RTR */
+    sc_qp *connector = na < nb ? a : b, *acceptor = na < nb ? b : a;
+    sc_qp_reset(connector);
+    sc_qp_to_init(connector, ACCESS_LOCAL_WRITE);
+    rtr_towards(connector, na < nb ? nb : na);
+    usleep(50000);
+    sc_qp_reset(acceptor);
+    sc_qp_to_init(acceptor, ACCESS_LOCAL_WRITE);
+    rtr_towards(acceptor, na < nb ? na : nb);
+    sc_qp_to_rts(a, 0, 0, 7, 0);
+    sc_qp_to_rts(b, 0, 0, 7, 0);
+    CHECK(sc_qp_post_recv(b, &rwr, 1, &posted) == SC_POST_OK);
+    CHECK(sc_qp_post_send(a, &send, 1, &posted) == SC_POST_OK);
+    CHECK(wait_wc(qa, &wc) && wc.wr_id == 1 && wc.status == WC_SUCCESS);
+    CHECK(wait_wc(qb, &wc) && wc.wr_id == 2 && wc.status == WC_SUCCESS);
+
+    uint32_t missing[2] = {(uint32_t)pa << 8 | 200, (uint32_t)closed << 8};
+    for (int i = 0; i < 2; i++) {
+        sc_qp *lost = init_qp(pda, qa, 1); /* the smaller QPN: it connects */
+        rtr_towards(lost, missing[i]);
+        sc_qp_to_rts(lost, 0, 0, 7, 0);
+        usleep(50000); /* the refusal has come */
+        send.wr_id = 10 + (uint64_t)i;
+        CHECK(sc_qp_post_send(lost, &send, 1, &posted) == SC_POST_OK);
+        CHECK(wait_wc(qa, &wc) && wc.wr_id == send.wr_id && wc.status == WC_RETRY_EXC_ERR);
+        CHECK(sc_qp_state(lost) == SC_QPS_ERR);
+        sc_qp_free(lost);
+    }
+    sc_ctx_free(ca);
+    sc_ctx_free(cb);
 }
 
 /* The heap is in order and every QP in it knows its place. */
@@ -326,7 +419,7 @@ static void test_timer_heap(void) {
     sc_cq *cq = sc_cq_new(ctx, 4, NULL, 0);
     struct sc_cap cap = {1, 1, 1, 1, 0};
     static sc_qp *qps[N];
-    for (int i = 0; i < N; i++) qps[i] = sc_qp_new(pd, cq, cq, &cap, 0, -1, (uint32_t)i + 1, 0x7f000001);
+    for (int i = 0; i < N; i++) qps[i] = sc_qp_new(pd, cq, cq, &cap, 0, (uint32_t)i + 1, 0x7f000001);
     int keys_right;
     pthread_mutex_lock(&ctx->lock);
     CHECK(ctx->heap_len == 0 && sc_timers_first(ctx) == 0); /* idle QPs are not looked at */
@@ -364,6 +457,7 @@ int main(void) {
     test_a_connected_pair();
     test_a_wait_makes_its_own_completion();
     test_refusals();
+    test_qpns_name_listeners();
     test_timer_heap();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

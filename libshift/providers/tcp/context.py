@@ -21,6 +21,7 @@ from libshift.providers import (
 )
 from libshift.providers.tcp.netdev import device_socket, netdev_ipv4, netdev_port
 from libshift.providers.tcp.qp import TcpQP
+from libshift.providers.tcp.qpns import QpnSpace
 from libshift.vocabulary.attrs import DeviceAttr, PortAttr, QPCap
 from libshift.vocabulary.errors import CQOverflowError
 from libshift.vocabulary.wr import WC
@@ -35,6 +36,7 @@ class TcpContext(ProviderContext):
         self.device = device
         self.address = netdev_ipv4(device.netdev, device.netns)
         self.core = _core.Context()
+        self.qpns = QpnSpace(self.new_socket, self.core.listen)
         self.cqs: dict[int, TcpCQ] = {}  # by cookie, for the channel's events
 
     def gid(self) -> str:

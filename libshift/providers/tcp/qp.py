@@ -1,8 +1,9 @@
-"""A tcp QP over the C core: connection set-up in Python, everything after it in the core.
+"""A tcp QP over the C core, which connects it (docs/wire.md, Connection set-up) and moves its bytes.
 
-What needs Python stays here: the sockets are made inside the device's network namespace and bound to its
-netdev (TcpContext.new_socket), then handed to the core, which owns them from then on; the state-transition
-rules and attribute checks are qprules.py's; the core's post refusals become the verbs' errors.
+What needs Python stays here: its QPN (qpns.py: the port of a listener of its context, and an index); the
+socket it connects with, made inside the device's network namespace and bound to its netdev
+(TcpContext.new_socket), then handed to the core, which owns it from then on; the state-transition rules
+and attribute checks (qprules.py's); the core's post refusals in the verbs' words.
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ class TcpQP(ProviderQP):
     ) -> None:
         self.ctx = ctx
         self.cap = cap
+        self.closed = False
         self.psn = secrets.randbits(24)
-        listener = self.ctx.new_socket()
-        listener.listen(8)
-        self.qp_num = listener.getsockname()[1]  # the port: QPNs are unique per device address
+        self.qp_num = ctx.qpns.take()
         sizes = (cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data)
-        fd = listener.detach()  # the core owns it from here
-        self.core = _core.QP(pd, send_cq, recv_cq, sizes, sq_sig_all, fd, self.qp_num, _ip(self.ctx.address))
+        try:
+            self.core = _core.QP(pd, send_cq, recv_cq, sizes, sq_sig_all, self.qp_num, _ip(ctx.address))
+        except BaseException:
+            ctx.qpns.give_back(self.qp_num)
+            raise
 
     @property
     def state(self) -> ibv_qp_state:
@@ -86,18 +89,10 @@ class TcpQP(ProviderQP):
             )
 
     def _to_rtr(self, attr: QPAttr) -> None:
-        dest, remote_ip = rtr_peer(self.qp_num, attr)
-        rq_psn = (dest.psn if attr.rq_psn is None else attr.rq_psn) & 0xFFFFFFFF
-        mine, theirs = (_ip(self.ctx.address), self.qp_num), (_ip(remote_ip), dest.qpn)
-        connect_fd, accept = -1, mine >= theirs  # the smaller (address, QPN) connects
-        if not accept:
-            sock = self.ctx.new_socket()
-            err = sock.connect_ex((remote_ip, int(dest.provider_data["port"])))
-            if err in (0, errno.EINPROGRESS):
-                connect_fd = sock.detach()
-            else:
-                sock.close()  # the peer is unreachable: requests will time out, as on an RNIC
-        self.core.to_rtr(_ip(remote_ip), dest.qpn, rq_psn, attr.min_rnr_timer, connect_fd, accept)
+        peer = rtr_peer(self.qp_num, attr)
+        # the core connects with it if this side is the one that connects, else closes it
+        sock = self.ctx.new_socket().detach()
+        self.core.to_rtr(_ip(peer.address), peer.qpn, peer.psn & 0xFFFFFFFF, attr.min_rnr_timer, sock)
 
     def post_send(self, wr: SendWR) -> None:
         self.post_send_list((wr,))
@@ -140,4 +135,7 @@ class TcpQP(ProviderQP):
         return VerbsRDMAError(f"{qp}: out of memory", errno.ENOMEM)
 
     def close(self) -> None:
-        self.core.close()
+        if not self.closed:
+            self.closed = True
+            self.core.close()
+            self.ctx.qpns.give_back(self.qp_num)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from libshift.gid import gid_of_ipv4, ipv4_of_gid
 from libshift.vocabulary.attrs import Endpoint, QPAttr
 from libshift.vocabulary.enums import ibv_qp_state
@@ -18,26 +20,27 @@ TRANSITIONS = {
 
 
 def tcp_endpoint(device: str, address: str, qpn: int, psn: int) -> Endpoint:
-    """A tcp QP's connection data: the peer connects to `address`, port `qpn`."""
-    return Endpoint(
-        gid=gid_of_ipv4(address),
-        qpn=qpn,
-        psn=psn,
-        device=device,
-        provider="tcp",
-        provider_data={"address": address, "port": qpn},
-    )
+    """A tcp QP's connection data: GID and QPN reach it (the QPN names its listener, qpns.py)."""
+    return Endpoint(gid=gid_of_ipv4(address), qpn=qpn, psn=psn, device=device, provider="tcp")
 
 
-def rtr_peer(qp_num: int, attr: QPAttr) -> tuple[Endpoint, str]:
-    """The peer's Endpoint that RTR takes, and its IPv4 address; a VerbsError when it is no tcp QP's."""
-    dest = attr.dest
-    if dest is None or dest.provider != "tcp" or "port" not in dest.provider_data:
-        raise VerbsError(f"QP {qp_num}: to_rtr needs the peer's tcp Endpoint in attr.dest")
+@dataclass(frozen=True)
+class Peer:
+    address: str  # IPv4, from the GID
+    qpn: int
+    psn: int  # the first PSN expected from it
+
+
+def rtr_peer(qp_num: int, attr: QPAttr) -> Peer:
+    """The peer RTR connects to: GID, QPN and PSN are all it takes; a VerbsError when they are missing."""
+    dest = attr.peer()
+    if dest is None:
+        raise VerbsError(f"QP {qp_num}: to_rtr needs the peer's GID and QPN (attr.ah_attr and dest_qp_num)")
     try:
-        return dest, ipv4_of_gid(dest.gid)
+        address = ipv4_of_gid(dest.gid)
     except ValueError as exc:
-        raise VerbsError(str(exc)) from None
+        raise VerbsError(f"QP {qp_num}: {exc}") from None
+    return Peer(address, dest.qpn, dest.psn if attr.rq_psn is None else attr.rq_psn)
 
 
 def check_attr(attr: QPAttr) -> None:
