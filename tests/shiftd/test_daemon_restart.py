@@ -155,6 +155,9 @@ def run_away(lab: Lab, go_away) -> None:
             assert took < REGISTER_BUDGET, f"{took * 1e3:.1f} ms"
             # the snapshot says mlx5_0 is UP: the QP comes home (or already has, from its own probe)
             assert state(stream) == "default"
+            # that failback is over once the peer's count is in: a fault before it would merge the two
+            # switches into one move (as under load, when the count came after the next port down)
+            failover_reports(lab, "h0", 0, wait_for=2)
             fail_and_fail_back_just_after(lab, stream, away=True)
             sent, received = stream.finish()
             assert_intact(sent, received)
