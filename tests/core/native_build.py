@@ -16,15 +16,21 @@ REPORTS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", 
 
 
 def core_sources() -> list[Path]:
-    """The core's C files (not _core.c, which Cython makes of _core.pyx)."""
-    return sorted(p for p in CORE.glob("*.c") if p.name != "_core.c")
+    """The tcp engine's C files (not the verbs backend's, nor what Cython makes of the .pyx files)."""
+    return sorted(p for p in CORE.glob("*.c") if not p.name.startswith(("_", "verbs")))
 
 
-def build(compiler: str, main: Path, out: Path, sanitize: list[str]) -> Path:
-    """Compile `main` with the core into `out`; skips the test when the compiler is missing."""
+def verbs_sources() -> list[Path]:
+    """The verbs backend's C files (verbs_core.h)."""
+    return sorted(CORE.glob("verbs*.c"))
+
+
+def build(compiler: str, main: Path, out: Path, sanitize: list[str], sources: list[Path] | None = None) -> Path:
+    """Compile `main` with the core (or `sources`) into `out`; skips the test when the compiler is missing."""
     if shutil.which(compiler) is None:
         pytest.skip(f"{compiler} is missing (scripts/ensure-system-deps.sh installs it)")
-    argv = [compiler, *FLAGS, *sanitize, str(main), *map(str, core_sources()), "-lpthread", "-o", str(out)]
+    files = core_sources() if sources is None else sources
+    argv = [compiler, *FLAGS, *sanitize, str(main), *map(str, files), "-lpthread", "-o", str(out)]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return out
