@@ -1,4 +1,4 @@
-"""The C core's extensions (libshift.core._core, libshift.core._verbs); everything else is in pyproject.toml."""
+"""The C core's extensions (libshift.core._core and _verbs); everything else is in pyproject.toml."""
 
 from glob import glob
 

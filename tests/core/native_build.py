@@ -25,7 +25,9 @@ def verbs_sources() -> list[Path]:
     return sorted(CORE.glob("verbs*.c"))
 
 
-def build(compiler: str, main: Path, out: Path, sanitize: list[str], sources: list[Path] | None = None) -> Path:
+def build(
+    compiler: str, main: Path, out: Path, sanitize: list[str], sources: list[Path] | None = None
+) -> Path:
     """Compile `main` with the core (or `sources`) into `out`; skips the test when the compiler is missing."""
     if shutil.which(compiler) is None:
         pytest.skip(f"{compiler} is missing (scripts/ensure-system-deps.sh installs it)")

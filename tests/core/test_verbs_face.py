@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from verbs_devices import Device, verbs_pair
 
 from libshift.core import _verbs
 from libshift.verbs import SGE, RecvWR, SendWR, VerbsError
 from libshift.verbs import enums as e
-from verbs_devices import Device, verbs_pair
 
 ACCESS = 1 | 2 | 4 | 8  # local write, remote write, read, atomic
 POST_OK, POST_STATE, POST_SGES = 0, 1, 4
@@ -53,7 +53,7 @@ def test_a_host_without_libibverbs_imports_it_and_gets_a_clear_error(tmp_path: P
         "print(_verbs.unavailable())\n"
         "try:\n    _verbs.Context('rxe0')\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n"
     )
-    script = f"mount --bind {empty} {target} && exec {sys.executable} -c \"$0\""
+    script = f'mount --bind {empty} {target} && exec {sys.executable} -c "$0"'
     result = subprocess.run(
         [unshare, "--mount", "--propagation", "private", "sh", "-c", script, code],
         capture_output=True, text=True, timeout=60,
@@ -104,7 +104,8 @@ def connect(side: Side, peer: Side) -> None:
     mine, theirs = side.ctx.port(), peer.ctx.port()
     side.qp.to_init(ACCESS)
     gid = peer.ctx.gid(peer.device.gid_index)
-    side.qp.to_rtr(gid, peer.qp.qp_num, theirs[2], side.device.gid_index, min(mine[1], theirs[1]), peer.psn, 1, 4)
+    mtu = min(mine[1], theirs[1])
+    side.qp.to_rtr(gid, peer.qp.qp_num, theirs[2], side.device.gid_index, mtu, peer.psn, 1, 4)
     side.qp.to_rts(14, 7, 7, side.psn, 4)
 
 
@@ -157,8 +158,8 @@ def test_rc_over_the_face(pair: tuple[Side, Side]) -> None:
     assert bytes(b.buf[4096:4101]) == b"hello"
 
     b.buf[8192:8200] = (40).to_bytes(8, "little")
-    add = SendWR(3, e.ibv_wr_opcode.IBV_WR_ATOMIC_FETCH_AND_ADD, sg=[a.sge(64, 8)], remote_addr=b.mr.addr + 8192,
-                 rkey=b.mr.rkey, compare_add=2)  # fmt: skip
+    add = SendWR(3, e.ibv_wr_opcode.IBV_WR_ATOMIC_FETCH_AND_ADD, sg=[a.sge(64, 8)],
+                 remote_addr=b.mr.addr + 8192, rkey=b.mr.rkey, compare_add=2)  # fmt: skip
     assert a.qp.post_send([add]) == (POST_OK, 1)
     assert one_wc(a.cq).opcode == e.ibv_wc_opcode.IBV_WC_FETCH_ADD
     assert int.from_bytes(a.buf[64:72], "little") == 40
