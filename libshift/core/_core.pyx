@@ -24,8 +24,6 @@ from time import monotonic
 from libshift.vocabulary.enums import ibv_qp_state
 from libshift.vocabulary.errors import VerbsRDMAError
 
-# why a post was refused (enum sc_post_error)
-POST_OK, POST_STATE, POST_QUEUE_FULL, POST_OPCODE, POST_SGES, POST_INLINE, POST_ATOMIC, POST_NOMEM = range(8)
 DEF POLL_BATCH = 64
 
 

@@ -13,6 +13,7 @@ cimport cython
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
+from libc.errno cimport EIO, errno
 from libc.string cimport memcpy
 
 cimport libshift.core.cshift as c
@@ -39,6 +40,16 @@ def unavailable():
 
 cdef str last_error():
     return v.sv_error().decode(errors="replace")
+
+
+cdef object failure():
+    """The last call's failure as a VerbsRDMAError, with the errno it left (EIO when it left none)."""
+    return VerbsRDMAError(last_error(), errno or EIO)
+
+
+def error():
+    """What this thread's last failed call said (a post's SC_POST_DEVICE: the device's reason)."""
+    return last_error()
 
 
 cdef class Used(Guarded):
@@ -68,7 +79,7 @@ cdef class Context(Used):
         self.what = f"device {name}"
         self.ptr = v.sv_ctx_open(name.encode(), port)
         if self.ptr is NULL:
-            raise VerbsError(last_error())
+            raise failure()
 
     def port(self):
         """(state, active_mtu, lid, link_layer, gid_tbl_len), ibverbs' numbers."""
@@ -115,7 +126,7 @@ cdef class PD(Used):
         self.ptr = v.sv_pd_new(ctx.ptr)
         if self.ptr is NULL:
             ctx.users -= 1
-            raise VerbsError(last_error())
+            raise failure()
 
     def close(self):
         if self.closed:
@@ -148,7 +159,7 @@ cdef class MR:
         if self.ptr is NULL:
             pd.users -= 1
             self.release()
-            raise VerbsError(last_error())
+            raise failure()
 
     @property
     def addr(self):
@@ -171,7 +182,7 @@ cdef class MR:
         if self.closed:
             return
         if v.sv_mr_dereg(self.ptr):
-            raise VerbsError(last_error())
+            raise failure()
         self.closed = True
         self.pd.users -= 1
         self.release()
@@ -192,7 +203,7 @@ cdef class Channel(Used):
         self.ptr = v.sv_chan_new(ctx.ptr)
         if self.ptr is NULL:
             ctx.users -= 1
-            raise VerbsError(last_error())
+            raise failure()
 
     def fileno(self):
         return -1 if self.closed else v.sv_chan_fd(self.ptr)
@@ -242,17 +253,17 @@ cdef class CQ(Used):
     cdef v.sv_cq *ptr
     cdef Context ctx
     cdef Channel channel
-    cdef public uint32_t cqe
+    cdef readonly uint32_t cqe  # as granted
 
     def __cinit__(self, Context ctx, uint32_t cqe, Channel channel, uint64_t cookie):
         self.what = f"a CQ of {ctx.name}"
-        self.cqe = cqe
         self.ctx = <Context>use(ctx)
         self.channel = None if channel is None else <Channel>use(channel)
         self.ptr = v.sv_cq_new(ctx.ptr, cqe, NULL if channel is None else channel.ptr, cookie)
         if self.ptr is NULL:
             self.unuse()
-            raise VerbsError(last_error())
+            raise failure()
+        self.cqe = v.sv_cq_cqe(self.ptr)
 
     cdef void unuse(self):
         self.ctx.users -= 1
@@ -287,7 +298,7 @@ cdef class CQ(Used):
             return
         self.refuse_if_used()
         if v.sv_cq_free(self.ptr):
-            raise VerbsError(last_error())
+            raise failure()
         self.closed = True
         self.unuse()
 
@@ -310,7 +321,7 @@ cdef class QP:
         self.ptr = v.sv_qp_new(pd.ptr, send_cq.ptr, recv_cq.ptr, &ccap, sq_sig_all)
         if self.ptr is NULL:
             self.unuse()
-            raise VerbsError(last_error())
+            raise failure()
         self.qp_num = v.sv_qp_num(self.ptr)
 
     cdef void unuse(self):
@@ -333,6 +344,12 @@ cdef class QP:
         if state < 0:
             raise VerbsRDMAError(last_error())
         return state
+
+    @property
+    def last_state(self):
+        """The state the last transition set (no device call)."""
+        self.refuse_if_closed()
+        return v.sv_qp_last_state(self.ptr)
 
     cdef int refuse_if_closed(self) except -1:
         if self.closed:
@@ -362,6 +379,10 @@ cdef class QP:
         self.refuse_if_closed()
         self.done(v.sv_qp_to_rts(self.ptr, timeout, retry_cnt, rnr_retry, sq_psn, max_rd_atomic))
 
+    def set_min_rnr_timer(self, uint8_t min_rnr_timer):
+        self.refuse_if_closed()
+        self.done(v.sv_qp_set_min_rnr_timer(self.ptr, min_rnr_timer))
+
     def to_err(self):
         self.refuse_if_closed()
         self.done(v.sv_qp_to_err(self.ptr))
@@ -390,7 +411,7 @@ cdef class QP:
         if self.closed:
             return
         if v.sv_qp_free(self.ptr):
-            raise VerbsError(last_error())
+            raise failure()
         self.closed = True
         self.unuse()
 

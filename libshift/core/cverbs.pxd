@@ -50,6 +50,7 @@ cdef extern from "verbs_core.h" nogil:
     void sv_chan_wake(sv_chan *chan)
     int sv_chan_free(sv_chan *chan)
     sv_cq *sv_cq_new(sv_ctx *ctx, uint32_t cqe, sv_chan *chan, uint64_t cookie)
+    uint32_t sv_cq_cqe(const sv_cq *cq)
     int sv_cq_poll(sv_cq *cq, int n, sc_wc *out)
     int sv_cq_req_notify(sv_cq *cq, int solicited_only)
     int sv_cq_free(sv_cq *cq)
@@ -57,6 +58,8 @@ cdef extern from "verbs_core.h" nogil:
     uint32_t sv_qp_num(const sv_qp *qp)
     void sv_qp_cap(const sv_qp *qp, sc_cap *out)
     int sv_qp_state(sv_qp *qp)
+    int sv_qp_last_state(const sv_qp *qp)
+    int sv_qp_set_min_rnr_timer(sv_qp *qp, uint8_t min_rnr_timer)
     int sv_qp_to_init(sv_qp *qp, uint32_t access)
     int sv_qp_to_rtr(sv_qp *qp, const sv_dest *dest, uint32_t rq_psn, uint8_t min_rnr_timer,
                      uint8_t max_dest_rd_atomic)

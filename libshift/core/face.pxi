@@ -8,6 +8,8 @@ DEF STACK_SGES = 16
 from libshift.vocabulary.enums import ibv_wc_opcode, ibv_wc_status
 from libshift.vocabulary.wr import WC
 
+# why a post was refused (enum sc_post_error)
+POST_OK, POST_STATE, POST_QUEUE_FULL, POST_OPCODE, POST_SGES, POST_INLINE, POST_ATOMIC, POST_NOMEM, POST_DEVICE = range(9)
 _STATUS = {int(s): s for s in ibv_wc_status}
 _OPCODE = {int(o): o for o in ibv_wc_opcode}
 

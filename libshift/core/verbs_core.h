@@ -76,6 +76,8 @@ void sv_chan_wake(sv_chan *chan);
 int sv_chan_free(sv_chan *chan);
 
 sv_cq *sv_cq_new(sv_ctx *ctx, uint32_t cqe, sv_chan *chan, uint64_t cookie);
+/* The entries the device granted (at least cqe: rxe rounds up). */
+uint32_t sv_cq_cqe(const sv_cq *cq);
 /* Up to n completions into out, oldest first; -1 once the device has said the CQ overflowed. */
 int sv_cq_poll(sv_cq *cq, int n, struct sc_wc *out);
 int sv_cq_req_notify(sv_cq *cq, int solicited_only);
@@ -87,12 +89,16 @@ uint32_t sv_qp_num(const sv_qp *qp);
 void sv_qp_cap(const sv_qp *qp, struct sc_cap *out);
 /* The state as the device has it (an RNIC moves a QP to ERR by itself); -1 when it cannot be queried. */
 int sv_qp_state(sv_qp *qp);
+/* The state the last transition set (what posts are checked against, as libibverbs' own checks are). */
+int sv_qp_last_state(const sv_qp *qp);
 /* The transitions: 0, or an errno from the device. */
 int sv_qp_to_init(sv_qp *qp, uint32_t access);
 int sv_qp_to_rtr(sv_qp *qp, const struct sv_dest *dest, uint32_t rq_psn, uint8_t min_rnr_timer,
                  uint8_t max_dest_rd_atomic);
 int sv_qp_to_rts(sv_qp *qp, uint8_t timeout, uint8_t retry_cnt, uint8_t rnr_retry, uint32_t sq_psn,
                  uint8_t max_rd_atomic);
+/* RTS to RTS with another min_rnr_timer (what RTS to RTS may change). */
+int sv_qp_set_min_rnr_timer(sv_qp *qp, uint8_t min_rnr_timer);
 int sv_qp_to_err(sv_qp *qp);
 int sv_qp_reset(sv_qp *qp);
 /* As sc_qp_post_send / sc_qp_post_recv; SC_POST_DEVICE: the device refused it (sv_error() says why). */

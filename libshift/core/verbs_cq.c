@@ -121,6 +121,8 @@ static void convert(const struct ibv_wc *in, struct sc_wc *out) {
     };
 }
 
+uint32_t sv_cq_cqe(const sv_cq *cq) { return (uint32_t)cq->ibv->cqe; }
+
 int sv_cq_poll(sv_cq *cq, int n, struct sc_wc *out) {
     if (cq->overflowed) return -1;
     struct ibv_wc wc[SV_POLL_BATCH];

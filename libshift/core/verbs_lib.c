@@ -1,5 +1,6 @@
 /* Loading libibverbs at run time: dlopen of its soname, then every function sv_lib names, once. */
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -33,18 +34,21 @@ static const struct {
 const char *sv_error(void) { return error_text; }
 
 void *sv_fail(const char *fmt, ...) {
+    int saved = errno; /* the caller's errno is the failure's: formatting must not change it */
     va_list args;
     va_start(args, fmt);
     vsnprintf(error_text, sizeof error_text, fmt, args);
     va_end(args);
+    errno = saved;
     return NULL;
 }
 
 static void load(void) {
     void *handle = dlopen(SV_SONAME, RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
+        const char *why = dlerror();
         snprintf(load_error, sizeof load_error, "%s cannot be loaded (is rdma-core installed?): %s", SV_SONAME,
-                 dlerror());
+                 why ? why : "not found");
         return;
     }
     for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {

@@ -38,7 +38,7 @@ struct sv_lib {
 /* The library's functions, or NULL with sv_error() saying why it cannot be had (loaded once a process). */
 const struct sv_lib *sv_lib(void);
 
-/* Sets this thread's sv_error() text (printf-style); returns NULL, for `return sv_fail(...)`. */
+/* Sets this thread's sv_error() text (printf-style), errno untouched; returns NULL, for `return sv_fail(...)`. */
 void *sv_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

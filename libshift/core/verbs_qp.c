@@ -59,6 +59,8 @@ sv_qp *sv_qp_new(sv_pd *pd, sv_cq *send_cq, sv_cq *recv_cq, const struct sc_cap 
 uint32_t sv_qp_num(const sv_qp *qp) { return qp->ibv->qp_num; }
 void sv_qp_cap(const sv_qp *qp, struct sc_cap *out) { *out = qp->cap; }
 
+int sv_qp_last_state(const sv_qp *qp) { return qp->ibv->state; }
+
 int sv_qp_state(sv_qp *qp) {
     struct ibv_qp_attr attr;
     struct ibv_qp_init_attr init;
@@ -111,6 +113,11 @@ int sv_qp_to_rts(sv_qp *qp, uint8_t timeout, uint8_t retry_cnt, uint8_t rnr_retr
                                .max_rd_atomic = max_rd_atomic};
     int mask = IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
     return modify(qp, &attr, mask, "RTS");
+}
+
+int sv_qp_set_min_rnr_timer(sv_qp *qp, uint8_t min_rnr_timer) {
+    struct ibv_qp_attr attr = {.qp_state = IBV_QPS_RTS, .min_rnr_timer = min_rnr_timer};
+    return modify(qp, &attr, IBV_QP_MIN_RNR_TIMER, "RTS");
 }
 
 int sv_qp_to_err(sv_qp *qp) {
