@@ -7,19 +7,13 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null  # virtme's initramfs may have mounted it already
 arg() { tr ' ' '\n' </proc/cmdline | sed -n "s/^shiftlab\.$1=//p"; }
-# The host's files over a second 9p mount that the guest caches (cache=loose): the root virtme's initramfs
-# mounted caches nothing, so under TCG every stat and read of an import went to the host (import grpc took
-# 6.5 s). The host's files do not change under a run; the work share below stays uncached.
-mount -t tmpfs tmpfs /mnt
-mkdir /mnt/cached
-mount -t 9p -o ro,trans=virtio,version=9p2000.L,msize=524288,cache=loose /dev/root /mnt/cached
-for dir in /usr /etc /root /home /opt /work; do
-    if [ -d "$dir" ] && [ ! -L "$dir" ]; then mount --bind "/mnt/cached$dir" "$dir"; fi
-done
 # the host's folders the job needs under /tmp, /run or /dev/shm (a checkout in /tmp): held on a staging
 # tmpfs (the root is read-only) while the guest's own tmpfs go on, then moved back to their paths
 keep=$(arg keep | tr ':' ' ')
-n=0; for path in $keep; do mkdir /mnt/$n; mount --bind "/mnt/cached$path" /mnt/$n; n=$((n + 1)); done
+if [ -n "$keep" ]; then
+    mount -t tmpfs tmpfs /mnt
+    n=0; for path in $keep; do mkdir /mnt/$n; mount --bind "$path" /mnt/$n; n=$((n + 1)); done
+fi
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
