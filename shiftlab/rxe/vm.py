@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import collections
 import compileall
-import ctypes
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,7 +29,10 @@ CODE_FOLDERS = ("libshift", "shiftd", "shiftlab", "tests", "bench", "examples")
 INIT = Path(__file__).resolve().with_name("init.sh")
 KVM_BOOT_DEADLINE = 60.0  # s: a KVM that does not reach init by then is taken as not working (TCG instead)
 CONSOLE_LINES = 15  # kept for the error of a failed boot
-PR_SET_PDEATHSIG = 1  # prctl(2)
+# QEMU gets SIGKILL when this process dies, however it dies (no orphaned VM). setpriv sets it before the
+# exec, so no Python runs between fork and exec: a preexec_fn did, in a child of a process with gRPC's
+# threads, and the child sometimes died there (its console: gRPC's poller, "Bad file descriptor")
+DIE_WITH_PARENT = ["setpriv", "--pdeathsig", "KILL", "--"]
 GUEST_OWN = ("/tmp", "/run", "/dev/shm")  # tmpfs in the guest (init.sh)
 
 
@@ -130,11 +131,10 @@ def _boot(job: Job, kernel: Kernel, qemu: str, accel: str, out: BinaryIO, log: L
         started = time.monotonic()
         log(f"booting {kernel.version} under {accel.upper()} ({job.cpus} CPUs, {job.memory})")
         proc = subprocess.Popen(
-            argv,
+            DIE_WITH_PARENT + argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
         )
         console = Console(proc, log, started)
         boot_deadline = KVM_BOOT_DEADLINE if accel == "kvm" and job.accel == "auto" else job.boot_timeout
@@ -156,12 +156,6 @@ def _boot(job: Job, kernel: Kernel, qemu: str, accel: str, out: BinaryIO, log: L
             proc.kill()
             proc.wait()
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _die_with_parent() -> None:
-    """In QEMU's child before exec: SIGKILL when this process dies, however it dies (no orphaned VM)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def qemu_argv(

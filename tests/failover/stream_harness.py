@@ -409,6 +409,7 @@ def run_stream(
         with Stream(bed, mode, qps, sender_args, receiver_args) as stream:
             failed_at = time.time()
             for done in range(1, failbacks + 1):
+                injected = True  # from here a failure must still recover it, or the next test finds it
                 fault.inject(bed)
                 assert stream.sender.read("state")["state"] == "fallback"
                 fault.recover(bed)
