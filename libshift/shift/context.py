@@ -286,6 +286,7 @@ class ShiftContext:
         path = self.path_of.get(change.device)
         if path is None or not (down or up):
             return
+        log.debug("shiftd: %s (the %s path) is %s", change.device, path, change.state.name)
         if path == PRIMARY and down:
             steps.note(0, "nic_event")
         with self.lock:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 
 from libshift.notices import NicState
@@ -39,6 +40,10 @@ TRANSPORT_ERRORS = frozenset(
 # rxe's answer both when its netdev goes down and to a bad lkey or a short receive (the application's bug,
 # which must not fail over): the transport's only while the device is not usable
 EITHER = ST.IBV_WC_LOC_QP_OP_ERR
+# rxe fails the WRs of a netdev going down before it marks the port DOWN, and shiftd's word comes later
+# still (0.3 s apart were seen under emulation): the device is asked again for this long before an
+# EITHER on a device that looks usable is called the application's (a bug's error surfaces that much later)
+EITHER_GRACE, EITHER_ASK_EVERY = 1.0, 0.01
 
 TIMEOUT = 12  # 16.8 ms per try ...
 RETRY_CNT = 3  # ... 4 tries: 67 ms from the last ack to the move
@@ -61,8 +66,18 @@ def default_path_attr(attr: QPAttr) -> QPAttr:
 
 def transport_failed(status: ibv_wc_status, usable: Callable[[], bool]) -> bool:
     """Whether an error completion is the transport failing (move the QP) rather than the application's
-    error (surface it); `usable` says whether the completion's device still works, asked only if need be."""
-    return status in TRANSPORT_ERRORS or (status == EITHER and not usable())
+    error (surface it); `usable` says whether the completion's device still works, asked only if need be
+    (for EITHER, again and again for EITHER_GRACE while it says yes)."""
+    if status in TRANSPORT_ERRORS:
+        return True
+    if status != EITHER:
+        return False
+    deadline = time.monotonic() + EITHER_GRACE
+    while usable():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(EITHER_ASK_EVERY)
+    return True
 
 
 def device_usable(device: Context, nic: NicState) -> bool:

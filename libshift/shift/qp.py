@@ -315,6 +315,7 @@ class ShiftQP:
             if wc.wr_id == notify.NOTIFY_RECV:
                 self.switcher.on_count(path, wc.imm_data)
             elif wc.wr_id == notify.PROBE_SEND and self.state is State.FALLBACK:
+                log.debug("QP %d: the probe of the %s path went through", self.qp_num, path)
                 self.switcher.probed()
             return
         if self.states.send is Send.STOPPING or path != self.current:

@@ -11,6 +11,7 @@ come), the default path is tried again now and then, backing off.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from libshift.shift.states import AWAITING_COUNT, Send, State
 if TYPE_CHECKING:
     from libshift.shift.qp import ShiftQP
 
+log = logging.getLogger("libshift.shift")
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # how often to try the default path again when no NIC UP will come
 
 
@@ -80,6 +82,7 @@ class Rearm:
     def _send(self, message: Message) -> None:
         qp = self.qp
         path = qp.current
+        log.debug("QP %d: %s sent on the %s path", qp.qp_num, message, path)
         notify.send_message(qp.qps[path], qp.controls[path], qp.targets[path], message)
 
     # -- the context's calls (they take its lock) ----------------------------------------------------------
@@ -95,6 +98,7 @@ class Rearm:
                 if message is None or message == self._seen[path]:
                     continue
                 self._seen[path] = message
+                log.debug("QP %d: %s read on the %s path (in %s)", qp.qp_num, message, path, qp.state.name)
                 if message.kind == Kind.REARM and message.path != qp.current:
                     if message.path not in qp.peers or not qp.ctx.device_up(message.path):
                         continue  # our device of that path is still down: its NIC UP will ask for the re-arm

@@ -88,7 +88,15 @@ def test_the_transport_statuses_fail_over_whatever_the_device_says(status: ibv_w
 def test_a_local_qp_operation_error_fails_over_only_on_a_device_that_is_not_usable() -> None:
     """rxe answers LOC_QP_OP_ERR when its netdev goes down, and also to a bad lkey or a short receive."""
     assert transport_failed(ibv_wc_status.IBV_WC_LOC_QP_OP_ERR, asks(False)[0])
-    assert not transport_failed(ibv_wc_status.IBV_WC_LOC_QP_OP_ERR, asks(True)[0])
+    usable, asked = asks(True)
+    assert not transport_failed(ibv_wc_status.IBV_WC_LOC_QP_OP_ERR, usable)
+    assert len(asked) > 1  # asked again through the grace before it is called the application's
+
+
+def test_a_local_qp_operation_error_fails_over_when_the_device_goes_down_within_the_grace() -> None:
+    """rxe fails the WRs of a netdev going down before its port reads DOWN: the device is asked again."""
+    answers = iter([True, True, False])
+    assert transport_failed(ibv_wc_status.IBV_WC_LOC_QP_OP_ERR, lambda: next(answers))
 
 
 @pytest.mark.parametrize(
