@@ -47,6 +47,7 @@ def test_events_mappings_and_reports(daemon):
                 reason="nic_event", downtime_seconds=0.004, reposted_work_requests=12, time_unix_nanos=1,
             )
         )  # fmt: skip
+        assert a.reports.wait_empty(5)  # sent by a thread: Status may otherwise come first
         with daemon.channel() as channel:
             status = daemon.admin(channel).Status(admin_pb2.StatusRequest(), timeout=10)
             events = list(
