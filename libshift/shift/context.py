@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from libshift.agent import Agent
 from libshift.notices import NicChange, NicState, SwitchReport
 from libshift.shift import steps
-from libshift.shift.detect import device_usable
+from libshift.shift.detect import EITHER_ASK_EVERY, device_usable
 from libshift.shift.inline import InlinePool
 from libshift.shift.keys import RemoteKeys
 from libshift.shift.paths import PATHS, PRIMARY
@@ -69,6 +69,7 @@ class ShiftContext:
         self.inline = InlinePool(self.lkeys)  # copies of inline sends in flight on resilient QPs
         self.cqs: list[ShiftCQ] = []
         self.qps: dict[tuple[str, int], ShiftQP] = {}
+        self.doubtful: set[ShiftQP] = set()  # QPs holding an error completion in doubt (detect.Doubt)
         self.agent: Agent | None = None
         self.keys: RemoteKeys | None = None
         self.channels: dict[str, CompChannel] = {}  # per path: the watchers' provider channels
@@ -253,25 +254,28 @@ class ShiftContext:
             except VerbsError as exc:  # a refused control verb: say so, keep watching the other QPs
                 log.warning("%s: %s", self.name, exc)
             self._waiting.add(path)
-            try:
-                channel.get_cq_event(timeout=WATCH_PERIOD)
+            try:  # a doubt is settled by asking the device again, soon
+                channel.get_cq_event(timeout=EITHER_ASK_EVERY if self.doubtful else WATCH_PERIOD)
             except TimeoutError:
                 continue
             finally:
                 self._waiting.discard(path)
 
     def _scan(self) -> None:
-        """Act on the control messages (REARM/ARMED: writes, which raise no completion), and retry default
-        paths left silently, at most every SCAN_PERIOD."""
+        """Act on the control messages (REARM/ARMED: writes, which raise no completion), retry default
+        paths left silently, and settle the error completions in doubt, at most every SCAN_PERIOD."""
         now = time.monotonic()
         if now - self._scanned >= SCAN_PERIOD:
             self._scanned = now
             with self.lock:
                 qps = set(self.qps.values())
+                doubtful = set(self.doubtful)
             for qp in qps:
                 qp.rearm.read()  # under the lock, one QP at a time
                 qp.rearm.retry_default(now)
                 qp.switcher.check_fence(now)
+            for qp in doubtful:
+                qp.settle_doubt(now)
 
     def _armable(self, path: str) -> list[CQ]:
         """The provider CQs of `path` that report to its watcher's channel."""

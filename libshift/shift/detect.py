@@ -10,20 +10,27 @@ path keeps the application's setting, so a QP with no path left fails exactly wh
 `SHIFT_DETECT_TIMEOUT` and `SHIFT_DETECT_RETRY_CNT` set it in the verbs' own terms (as NCCL_IB_TIMEOUT and
 NCCL_IB_RETRY_CNT do): 4.096 us x 2**timeout per try, retry_cnt + 1 tries.
 
-An error completion is the transport's (a failover) or the application's (it surfaces): `transport_failed`
-tells them apart, with the device's state for the one status that can be either.
+An error completion is the transport's (a failover) or the application's (it surfaces): `judge` tells them
+apart, with the device's state for the one status that can be either. That one, on a device that still looks
+usable, is a `Doubt`: its QP holds it, and the error completions of its path behind it, until the device
+fails (the transport's) or EITHER_GRACE has passed (the application's); the context's scan settles it, so
+that nothing waits under the context's lock meanwhile.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
-import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from libshift.notices import NicState
 from libshift.shift.settings import env_int
-from libshift.verbs import Context, QPAttr, VerbsError, ack_deadline, ibv_port_state, ibv_wc_status
+from libshift.verbs import WC, Context, QPAttr, VerbsError, ack_deadline, ibv_port_state, ibv_wc_status
+
+if TYPE_CHECKING:
+    from libshift.shift.rewind import Entry
 
 ST = ibv_wc_status
 TRANSPORT_ERRORS = frozenset(
@@ -41,8 +48,9 @@ TRANSPORT_ERRORS = frozenset(
 # which must not fail over): the transport's only while the device is not usable
 EITHER = ST.IBV_WC_LOC_QP_OP_ERR
 # rxe fails the WRs of a netdev going down before it marks the port DOWN, and shiftd's word comes later
-# still (0.3 s apart were seen under emulation): the device is asked again for this long before an
-# EITHER on a device that looks usable is called the application's (a bug's error surfaces that much later)
+# still (0.3 s apart were seen under emulation): the device is asked again, about every EITHER_ASK_EVERY, for
+# this long before an EITHER on a device that looks usable is called the application's (a bug's error
+# surfaces that much later)
 EITHER_GRACE, EITHER_ASK_EVERY = 1.0, 0.01
 
 TIMEOUT = 12  # 16.8 ms per try ...
@@ -64,20 +72,35 @@ def default_path_attr(attr: QPAttr) -> QPAttr:
     return dataclasses.replace(attr, timeout=timeout, retry_cnt=retry_cnt)
 
 
-def transport_failed(status: ibv_wc_status, usable: Callable[[], bool]) -> bool:
-    """Whether an error completion is the transport failing (move the QP) rather than the application's
-    error (surface it); `usable` says whether the completion's device still works, asked only if need be
-    (for EITHER, again and again for EITHER_GRACE while it says yes)."""
+class Verdict(enum.Enum):
+    TRANSPORT = "transport"  # the path failed: move the QP
+    APPLICATION = "application"  # the application's error: it surfaces
+    DOUBT = "doubt"  # not yet known: hold it and ask the device again
+
+
+def judge(status: ibv_wc_status, usable: Callable[[], bool]) -> Verdict:
+    """Whose an error completion is; `usable` says whether the completion's device still works, asked only
+    if the status alone does not tell."""
     if status in TRANSPORT_ERRORS:
-        return True
+        return Verdict.TRANSPORT
     if status != EITHER:
-        return False
-    deadline = time.monotonic() + EITHER_GRACE
-    while usable():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(EITHER_ASK_EVERY)
-    return True
+        return Verdict.APPLICATION
+    return Verdict.DOUBT if usable() else Verdict.TRANSPORT
+
+
+@dataclasses.dataclass
+class Doubt:
+    """An EITHER on `path` while its device looked usable, and the provider's error completions held with
+    it (its own first): all go to the application in the end unless the path fails."""
+
+    path: str
+    until: float  # when it is the application's
+    held: list[tuple[Entry, WC]] = dataclasses.field(default_factory=list)
+
+    def verdict(self, now: float, usable: Callable[[], bool]) -> Verdict:
+        if not usable():
+            return Verdict.TRANSPORT
+        return Verdict.APPLICATION if now >= self.until else Verdict.DOUBT
 
 
 def device_usable(device: Context, nic: NicState) -> bool:

@@ -13,9 +13,11 @@ from libshift.shift.detect import (
     RETRY_CNT,
     TIMEOUT,
     TRANSPORT_ERRORS,
+    Doubt,
+    Verdict,
     default_path_attr,
     device_usable,
-    transport_failed,
+    judge,
 )
 from libshift.verbs import PortAttr, QPAttr, VerbsError, ack_deadline, ibv_port_state, ibv_wc_status
 
@@ -81,22 +83,23 @@ def asks(answer: bool) -> tuple[Callable[[], bool], list[bool]]:
 @pytest.mark.parametrize("status", sorted(TRANSPORT_ERRORS))
 def test_the_transport_statuses_fail_over_whatever_the_device_says(status: ibv_wc_status) -> None:
     usable, asked = asks(True)
-    assert transport_failed(status, usable)
+    assert judge(status, usable) is Verdict.TRANSPORT
     assert not asked  # the device's state is asked only when the status alone does not tell
 
 
-def test_a_local_qp_operation_error_fails_over_only_on_a_device_that_is_not_usable() -> None:
+def test_a_local_qp_operation_error_fails_over_on_a_device_that_is_not_usable_else_is_in_doubt() -> None:
     """rxe answers LOC_QP_OP_ERR when its netdev goes down, and also to a bad lkey or a short receive."""
-    assert transport_failed(ibv_wc_status.IBV_WC_LOC_QP_OP_ERR, asks(False)[0])
-    usable, asked = asks(True)
-    assert not transport_failed(ibv_wc_status.IBV_WC_LOC_QP_OP_ERR, usable)
-    assert len(asked) > 1  # asked again through the grace before it is called the application's
+    assert judge(ibv_wc_status.IBV_WC_LOC_QP_OP_ERR, asks(False)[0]) is Verdict.TRANSPORT
+    assert judge(ibv_wc_status.IBV_WC_LOC_QP_OP_ERR, asks(True)[0]) is Verdict.DOUBT
 
 
-def test_a_local_qp_operation_error_fails_over_when_the_device_goes_down_within_the_grace() -> None:
+def test_a_doubt_is_the_transports_once_the_device_fails_and_the_applications_after_its_grace() -> None:
     """rxe fails the WRs of a netdev going down before its port reads DOWN: the device is asked again."""
-    answers = iter([True, True, False])
-    assert transport_failed(ibv_wc_status.IBV_WC_LOC_QP_OP_ERR, lambda: next(answers))
+    doubt = Doubt("default", until=10.0)
+    assert doubt.verdict(9.0, asks(True)[0]) is Verdict.DOUBT
+    assert doubt.verdict(9.5, asks(False)[0]) is Verdict.TRANSPORT
+    assert doubt.verdict(10.0, asks(True)[0]) is Verdict.APPLICATION
+    assert doubt.verdict(10.0, asks(False)[0]) is Verdict.TRANSPORT  # a failed device wins at the last moment
 
 
 @pytest.mark.parametrize(
@@ -108,7 +111,9 @@ def test_a_local_qp_operation_error_fails_over_when_the_device_goes_down_within_
     ],
 )
 def test_the_applications_errors_never_fail_over(status: ibv_wc_status) -> None:
-    assert not transport_failed(status, asks(False)[0])
+    usable, asked = asks(False)
+    assert judge(status, usable) is Verdict.APPLICATION
+    assert not asked
 
 
 @pytest.mark.parametrize(
