@@ -339,7 +339,7 @@ class Stream:
     def show_stderr(self) -> None:
         """Print what the peers said (shown by pytest with a failure)."""
         for peer in (self.sender, self.receiver):
-            print(f"--- {peer.host} stderr (SHIFT_TEST_LOG=DEBUG for more):\n{peer.stderr()}")
+            print(f"--- {peer.host} stderr:\n{peer.stderr()}")
 
 
 def assert_intact(sent: dict, received: dict) -> None:
