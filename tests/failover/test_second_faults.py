@@ -237,17 +237,18 @@ def test_the_default_path_fails_during_the_failbacks_handshake(lab: Lab) -> None
                     switches(lab, host, since, wait_for=2)
             time.sleep(0.5)  # traffic on the backup path
             sent, received = stream.finish()
+            # checked in the stream's block, so that a failure shows what the peers logged
+            assert_ended_on_the_backup(sent, received)
+            on_deadline, followed = (*FAILOVER, "error_completion"), (*FAILOVER, "peer_notification")
+            h0 = switches(lab, "h0", since, wait_for=2)
+            assert h0[:1] == [(*FAILOVER, "nic_event")], h0
+            assert h0[1:] in ([on_deadline], [followed]), h0
+            h1 = switches(lab, "h1", since, wait_for=3)
+            assert h1[:2] == [(*FAILOVER, "peer_notification"), (*FAILBACK, "peer_notification")], h1
+            assert h1[2:] in ([on_deadline], [followed]), h1
+            assert on_deadline in (h0[1], h1[2]), (h0, h1)  # somebody's deadline began it
     finally:
         recover_everything(lab)
-    assert_ended_on_the_backup(sent, received)
-    on_deadline, followed = (*FAILOVER, "error_completion"), (*FAILOVER, "peer_notification")
-    h0 = switches(lab, "h0", since, wait_for=2)
-    assert h0[:1] == [(*FAILOVER, "nic_event")], h0
-    assert h0[1:] in ([on_deadline], [followed]), h0
-    h1 = switches(lab, "h1", since, wait_for=3)
-    assert h1[:2] == [(*FAILOVER, "peer_notification"), (*FAILBACK, "peer_notification")], h1
-    assert h1[2:] in ([on_deadline], [followed]), h1
-    assert on_deadline in (h0[1], h1[2]), (h0, h1)  # somebody's deadline began it
 
 
 def test_a_failed_probe_is_tried_again(lab: Lab) -> None:
