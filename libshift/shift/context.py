@@ -69,7 +69,7 @@ class ShiftContext:
         self.inline = InlinePool(self.lkeys)  # copies of inline sends in flight on resilient QPs
         self.cqs: list[ShiftCQ] = []
         self.qps: dict[tuple[str, int], ShiftQP] = {}
-        self.doubtful: set[ShiftQP] = set()  # QPs holding an error completion in doubt (detect.Doubt)
+        self.doubtful: set[ShiftQP] = set()  # QPs holding an error completion in doubt (doubt.py)
         self.agent: Agent | None = None
         self.keys: RemoteKeys | None = None
         self.channels: dict[str, CompChannel] = {}  # per path: the watchers' provider channels
@@ -275,7 +275,7 @@ class ShiftContext:
                 qp.rearm.retry_default(now)
                 qp.switcher.check_fence(now)
             for qp in doubtful:
-                qp.settle_doubt(now)
+                qp.doubt.settle(now)
 
     def _armable(self, path: str) -> list[CQ]:
         """The provider CQs of `path` that report to its watcher's channel."""

@@ -12,9 +12,8 @@ NCCL_IB_RETRY_CNT do): 4.096 us x 2**timeout per try, retry_cnt + 1 tries.
 
 An error completion is the transport's (a failover) or the application's (it surfaces): `judge` tells them
 apart, with the device's state for the one status that can be either. That one, on a device that still looks
-usable, is a `Doubt`: its QP holds it, and the error completions of its path behind it, until the device
-fails (the transport's) or EITHER_GRACE has passed (the application's); the context's scan settles it, so
-that nothing waits under the context's lock meanwhile.
+usable, is in doubt until the device fails (the transport's) or EITHER_GRACE has passed (the
+application's): `reconsider` says which, doubt.py holds it meanwhile.
 """
 
 from __future__ import annotations
@@ -23,14 +22,10 @@ import dataclasses
 import enum
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from libshift.notices import NicState
 from libshift.shift.settings import env_int
-from libshift.verbs import WC, Context, QPAttr, VerbsError, ack_deadline, ibv_port_state, ibv_wc_status
-
-if TYPE_CHECKING:
-    from libshift.shift.rewind import Entry
+from libshift.verbs import Context, QPAttr, VerbsError, ack_deadline, ibv_port_state, ibv_wc_status
 
 ST = ibv_wc_status
 TRANSPORT_ERRORS = frozenset(
@@ -88,19 +83,12 @@ def judge(status: ibv_wc_status, usable: Callable[[], bool]) -> Verdict:
     return Verdict.DOUBT if usable() else Verdict.TRANSPORT
 
 
-@dataclasses.dataclass
-class Doubt:
-    """An EITHER on `path` while its device looked usable, and the provider's error completions held with
-    it (its own first): all go to the application in the end unless the path fails."""
-
-    path: str
-    until: float  # when it is the application's
-    held: list[tuple[Entry, WC]] = dataclasses.field(default_factory=list)
-
-    def verdict(self, now: float, usable: Callable[[], bool]) -> Verdict:
-        if not usable():
-            return Verdict.TRANSPORT
-        return Verdict.APPLICATION if now >= self.until else Verdict.DOUBT
+def reconsider(now: float, until: float, usable: Callable[[], bool]) -> Verdict:
+    """A DOUBT's verdict at `now`: the transport's once the device is not usable, else the application's from
+    `until` on (doubt.py holds the error meanwhile)."""
+    if not usable():
+        return Verdict.TRANSPORT
+    return Verdict.APPLICATION if now >= until else Verdict.DOUBT
 
 
 def device_usable(device: Context, nic: NicState) -> bool:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from libshift.agent import AgentError
 from libshift.shift import notify
 from libshift.shift.cq import ShiftCQ
-from libshift.shift.detect import EITHER_GRACE, Doubt, Verdict, default_path_attr, judge
+from libshift.shift.detect import Verdict, default_path_attr, judge
+from libshift.shift.doubt import Doubt
 from libshift.shift.memory import ShiftPD
 from libshift.shift.paths import BACKUP, PRIMARY, depth
 from libshift.shift.rearm import Rearm
@@ -79,7 +79,7 @@ class ShiftQP:
         self.targets: dict[str, tuple[int, int]] = {}  # path -> the peer's control MR on it (addr, rkey)
         self._access = 0
         self._attr = QPAttr()
-        self.doubt: Doubt | None = None  # an error completion not yet known to be the transport's or ours
+        self.doubt = Doubt(self)  # an error completion not yet known to be the transport's or ours
         self.switcher = Switcher(self)
         self.rearm = Rearm(self)
         with self.ctx.lock:
@@ -183,7 +183,7 @@ class ShiftQP:
         with self.ctx.lock:
             for path, qp in self.qps.items():
                 self.ctx.qps.pop((path, qp.qp_num), None)
-            self.end_doubt(surface=False)  # a closed QP's completions go nowhere
+            self.doubt.end(surface=False)  # a closed QP's completions go nowhere
             if BACKUP in self.qps and self.ctx.agent is not None:
                 try:
                     for qp in list(self.qps.values())[:-1]:  # each link of the chain, by its key
@@ -309,51 +309,20 @@ class ShiftQP:
     def _taken(self, entry: Entry, wc: WC, path: str) -> bool:
         """An error completion on the path in use: taken here (held in doubt, or the QP moves) or, when it
         is the application's error or there is nothing left to switch to, not (the QP breaks, it surfaces)."""
-        doubt = self.doubt
-        if doubt is not None and doubt.path == path:  # behind the doubtful one: its fate is the same
-            entry.failed_with = wc.status
-            doubt.held.append((entry, wc))
+        if self.doubt.on(path):  # behind the doubtful one: its fate is the same
+            self.doubt.hold(entry, wc, path)
             return True
         verdict = judge(wc.status, lambda: self.ctx.usable(path))
         to = self.switcher.escape() if verdict is not Verdict.APPLICATION else None
         if to is None:
-            self._break()
+            self.break_off()
             return False
-        entry.failed_with = wc.status
         if verdict is Verdict.DOUBT:
-            self.doubt = Doubt(path, time.monotonic() + EITHER_GRACE, [(entry, wc)])
-            self.ctx.doubtful.add(self)
+            self.doubt.hold(entry, wc, path)
         else:
+            entry.failed_with = wc.status
             self.switcher.switch_to(to, "error_completion")
         return True
-
-    def settle_doubt(self, now: float) -> None:
-        """The context's scan: a doubt whose device has failed meanwhile moves the QP; one that has lasted
-        EITHER_GRACE on a device still usable is the application's error (the QP breaks, it surfaces)."""
-        with self.ctx.lock:
-            doubt = self.doubt
-            if doubt is None:
-                return
-            verdict = doubt.verdict(now, lambda: self.ctx.usable(doubt.path))
-            if verdict is Verdict.DOUBT:
-                return
-            to = self.switcher.escape() if verdict is Verdict.TRANSPORT else None
-            if to is not None:
-                self.switcher.switch_to(to, "error_completion")  # which ends the doubt
-            else:
-                self._break()
-
-    def end_doubt(self, surface: bool) -> None:
-        """No more doubt: the QP has left its path (what it held is settled by the switch) or breaks (what
-        it held goes to the application as the provider reported it)."""
-        doubt, self.doubt = self.doubt, None
-        if doubt is None:
-            return
-        self.ctx.doubtful.discard(self)
-        if surface:
-            for entry, wc in doubt.held:
-                wc.wr_id, wc.qp_num = entry.wr.wr_id, self.qp_num
-                entry.wc = wc
 
     def _on_control(self, wc: WC, path: str) -> None:
         if wc.status == ST.IBV_WC_SUCCESS:
@@ -368,14 +337,14 @@ class ShiftQP:
             if wc.wr_id == notify.PROBE_SEND and self.state is State.FALLBACK:
                 self.rearm.probe_failed()
             return
-        if self.doubt is not None and self.doubt.path == path:
+        if self.doubt.on(path):
             return  # flushed behind the error in doubt, whose verdict decides the path's fate
         log.warning("QP %d: control traffic on the %s path failed (%s)", self.qp_num, path, wc.status.name)
         to = self.switcher.escape()
         if to is not None:
             self.switcher.switch_to(to, "error_completion")
         else:
-            self._break()
+            self.break_off()
 
     def deliver(self) -> None:
         overflowed = False
@@ -392,16 +361,16 @@ class ShiftQP:
     def fail(self) -> None:
         """Break, and every provider QP to ERR: what is posted flushes to the application, and a switch the
         peer tries fails, so that it gets its error too."""
-        self._break()
+        self.break_off()
         for qp in self.qps.values():
             qp.to_err()
 
-    def _break(self) -> None:
+    def break_off(self) -> None:
         """From now on errors reach the application as the provider reports them; held WRs flush."""
         if self.states.send is Send.BROKEN:
             return
         self.states.step(Transition.BREAK)
-        self.end_doubt(surface=True)
+        self.doubt.end(surface=True)
         for entry in self.ledger.sq.pending() + self.ledger.rq.pending():
             if entry.path is None:
                 entry.wc = WC(

@@ -60,7 +60,7 @@ class Switcher:
         started, left, resumed = time.monotonic(), qp.current, qp.states.send not in AWAITING_COUNT
         steps.note(qp.qp_num, "switch")
         qp.states.step(Transition.STOP)  # the fence's held sends go with the rest, after the peer's count
-        qp.end_doubt(surface=False)  # what it held failed on the path left: settled with the rest
+        qp.doubt.end(surface=False)  # what it held failed on the path left: settled with the rest
         qp.qps[left].to_err()  # nothing more lands on the old path: our receive count is final
         for cq in {qp.send_cq, qp.recv_cq}:
             ctx.drain(cq.on[left], left)

@@ -13,11 +13,11 @@ from libshift.shift.detect import (
     RETRY_CNT,
     TIMEOUT,
     TRANSPORT_ERRORS,
-    Doubt,
     Verdict,
     default_path_attr,
     device_usable,
     judge,
+    reconsider,
 )
 from libshift.verbs import PortAttr, QPAttr, VerbsError, ack_deadline, ibv_port_state, ibv_wc_status
 
@@ -95,11 +95,10 @@ def test_a_local_qp_operation_error_fails_over_on_a_device_that_is_not_usable_el
 
 def test_a_doubt_is_the_transports_once_the_device_fails_and_the_applications_after_its_grace() -> None:
     """rxe fails the WRs of a netdev going down before its port reads DOWN: the device is asked again."""
-    doubt = Doubt("default", until=10.0)
-    assert doubt.verdict(9.0, asks(True)[0]) is Verdict.DOUBT
-    assert doubt.verdict(9.5, asks(False)[0]) is Verdict.TRANSPORT
-    assert doubt.verdict(10.0, asks(True)[0]) is Verdict.APPLICATION
-    assert doubt.verdict(10.0, asks(False)[0]) is Verdict.TRANSPORT  # a failed device wins at the last moment
+    assert reconsider(9.0, 10.0, asks(True)[0]) is Verdict.DOUBT
+    assert reconsider(9.5, 10.0, asks(False)[0]) is Verdict.TRANSPORT
+    assert reconsider(10.0, 10.0, asks(True)[0]) is Verdict.APPLICATION
+    assert reconsider(10.0, 10.0, asks(False)[0]) is Verdict.TRANSPORT  # a failed device wins at the end
 
 
 @pytest.mark.parametrize(

@@ -83,15 +83,15 @@ def test_the_applications_error_surfaces_after_the_grace_while_the_other_qps_go_
     started = time.monotonic()
     bad.send(1, lkey=bad.mr.lkey ^ 0x5A5A)
     bad.send(2)  # behind the error: flushed, and held with it
-    assert wait_until(lambda: bad.a.doubt is not None, timeout=5)
+    assert wait_until(lambda: bad.a.doubt.on(PRIMARY), timeout=5)
     for wr_id in range(10, 20):  # the context is not held up by the doubt
         other.round_trip(wr_id)
-    assert bad.a.doubt is not None and bad.a_cq.poll(1)[0] == 0  # and all of it ran while in doubt
+    assert bad.a.doubt.on(PRIMARY) and bad.a_cq.poll(1)[0] == 0  # and all of it ran while in doubt
 
     got = take(bad.a_cq, 2)
     assert time.monotonic() - started >= detect.EITHER_GRACE
     assert [(w.wr_id, w.status) for w in got] == [(1, BAD_LKEY), (2, e.IBV_WC_WR_FLUSH_ERR)]
-    assert bad.a.state == State.BROKEN and bad.a.doubt is None and not ctx.doubtful
+    assert bad.a.state == State.BROKEN and bad.a.doubt.path is None and not ctx.doubtful
     assert bad.a.current == PRIMARY  # it never moved: not for its error, nor for the flushes behind it
     assert other.a.state == State.DEFAULT
 
@@ -104,7 +104,7 @@ def test_a_device_that_fails_within_the_grace_moves_the_qp_and_what_it_held(
         pair.b.post_recv(RecvWR(wr_id=wr_id, sg=[SGE(pair.mr.buf + 64 * wr_id, 64, pair.mr.lkey)]))
     pair.send(1, lkey=pair.mr.lkey ^ 0x5A5A)
     pair.send(2)
-    assert wait_until(lambda: pair.a.doubt is not None, timeout=5)
+    assert wait_until(lambda: pair.a.doubt.on(PRIMARY), timeout=5)
     try:
         fail_nic(lab, ["h0"], "mlx5_0")
         # replayed on the backup, where the lkey is as bad and there is nowhere left to go: it surfaces
