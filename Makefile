@@ -11,7 +11,9 @@ setup: $(STAMP) system-deps
 # the C core is compiled by the package build: a change to its sources installs (and so builds) again
 CORE_SOURCES := setup.py $(wildcard libshift/core/*.c libshift/core/*.h libshift/core/*.pyx libshift/core/*.pxd)
 
+# the system's packages first: pip compiles the core with gcc against rdma-core's verbs.h
 $(STAMP): pyproject.toml $(CORE_SOURCES)
+	@bash scripts/ensure-system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet 'torch==2.13.0'

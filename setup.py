@@ -1,4 +1,4 @@
-"""The C core's extension (libshift.core._core); everything else is in pyproject.toml."""
+"""The C core's extensions (libshift.core._core and _verbs); everything else is in pyproject.toml."""
 
 from glob import glob
 
@@ -6,13 +6,23 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 CORE = "libshift/core"
-core = Extension(
-    "libshift.core._core",
-    # the core's own C files; _core.c is what Cython makes of _core.pyx
-    sources=[f"{CORE}/_core.pyx", *sorted(p for p in glob(f"{CORE}/*.c") if not p.endswith("/_core.c"))],
-    include_dirs=[CORE],
-    define_macros=[("_GNU_SOURCE", None)],
-    extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-unused-function"],
-)
+# the core's own C files; a leading _ is what Cython makes of a .pyx
+sources = sorted(p for p in glob(f"{CORE}/*.c") if not p.rsplit("/", 1)[1].startswith("_"))
+FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-unused-function"]
 
-setup(ext_modules=cythonize([core], compiler_directives={"language_level": "3"}))
+
+def extension(name: str, files: list[str]) -> Extension:
+    return Extension(
+        f"libshift.core.{name}",
+        sources=[f"{CORE}/{name}.pyx", *files],
+        include_dirs=[CORE],
+        define_macros=[("_GNU_SOURCE", None)],
+        extra_compile_args=FLAGS,
+    )
+
+
+verbs = [p for p in sources if p.rsplit("/", 1)[1].startswith("verbs")]
+# the tcp engine; the verbs backend is built against rdma-core's verbs.h but never linked to libibverbs
+# (verbs_lib.c opens it at run time), so both import on a host without rdma-core
+core = extension("_core", [p for p in sources if p not in verbs])
+setup(ext_modules=cythonize([core, extension("_verbs", verbs)], compiler_directives={"language_level": "3"}))

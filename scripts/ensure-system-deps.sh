@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Install the Debian packages shift needs (etcd, iproute2, pyverbs, the benchmarks' qperf and iperf3) when
-# they are missing; with a venv directory as $1, also let that venv import Debian's pyverbs (and nothing else
-# of dist-packages).
+# Install the Debian packages shift needs (etcd, iproute2, pyverbs, the C core's compilers and headers, the
+# benchmarks' qperf and iperf3) when they are missing; with a venv directory as $1, also let that venv
+# import Debian's pyverbs (and nothing else of dist-packages).
 set -euo pipefail
 venv="${1:-}"
 system_pyverbs=/usr/lib/python3/dist-packages/pyverbs
@@ -19,6 +19,8 @@ command -v iperf3 >/dev/null || need+=(iperf3)
 command -v gcc >/dev/null || need+=(gcc)
 command -v clang >/dev/null || need+=(clang)
 [ -f "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null)" ] || need+=(libclang-rt-dev)
+# The core's verbs backend compiles against rdma-core's verbs.h (it loads libibverbs.so.1 at run time).
+[ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 command -v valgrind >/dev/null || need+=(valgrind) # memcheck over the C core (tests/memcheck.py)
 # The verbs provider: Debian's pyverbs is built against the system's rdma-core (PyPI's builds its own
 # and then fails to load against older system libraries; see docs/hardware.md).

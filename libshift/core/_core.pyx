@@ -11,6 +11,7 @@ on it (Guarded): the close waits for that wait to leave before it frees, and lat
 post raises VerbsRDMAError, a poll finds nothing, a wait ends): never a freed pointer in use.
 """
 
+cimport cython
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
@@ -20,45 +21,17 @@ cimport libshift.core.cshift as c
 from enum import IntEnum
 from time import monotonic
 
-from libshift.vocabulary.enums import ibv_qp_state, ibv_wc_opcode, ibv_wc_status
+from libshift.vocabulary.enums import ibv_qp_state
 from libshift.vocabulary.errors import VerbsRDMAError
-from libshift.vocabulary.wr import WC
 
-# why a post was refused (enum sc_post_error)
-POST_OK, POST_STATE, POST_QUEUE_FULL, POST_OPCODE, POST_SGES, POST_INLINE, POST_ATOMIC, POST_NOMEM = range(8)
-_STATUS = {int(s): s for s in ibv_wc_status}
-_OPCODE = {int(o): o for o in ibv_wc_opcode}
 DEF POLL_BATCH = 64
-DEF STACK_WRS = 4  # a post of at most this many WRs and STACK_SGES SGEs needs no malloc
-DEF STACK_SGES = 16
 
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
 
-cdef class Guarded:
-    """The count of calls inside this object's C side with the interpreter lock released; `busy` and
-    `closed` change only under the lock, so a close that has set `closed` waits for `busy` to reach 0."""
-    cdef bint closed
-    cdef int busy
-
-    cdef bint enter(self):
-        """Count a call in, unless the object is closed (False: do nothing)."""
-        if self.closed:
-            return False
-        self.busy += 1
-        return True
-
-    cdef void leave(self):
-        self.busy -= 1
-
-    cdef void quiesce(self):
-        """Refuse new calls and wait for those inside to leave (they need the lock back to say so)."""
-        self.closed = True
-        while self.busy:
-            with nogil:
-                sched_yield()
+include "face.pxi"
 
 
 cdef class Context(Guarded):
@@ -271,9 +244,7 @@ cdef class CQ:
             if got < 0:
                 return None
             for i in range(got):
-                w = &wcs[i]
-                out.append(WC(w.wr_id, _STATUS.get(w.status, w.status), _OPCODE.get(w.opcode, w.opcode),
-                              w.qp_num, w.byte_len, w.imm_data, w.wc_flags, w.src_qp))
+                out.append(wc_of(&wcs[i]))
             num_entries -= got
             if got < want or num_entries <= 0:
                 return out
@@ -288,22 +259,6 @@ cdef class CQ:
         self.closed = True
         if not self.ctx.closed:
             c.sc_cq_free(self.ptr)
-
-
-cdef c.sc_sge *sge_array(list lists, c.sc_sge *stack) except NULL:
-    """The SGEs of every WR's list, one after the other: in `stack` (STACK_SGES long) when they fit, else in
-    one malloc'd array, which the caller frees."""
-    cdef Py_ssize_t total = 0, k = 0
-    for sges in lists:
-        total += len(sges)
-    cdef c.sc_sge *cs = stack if total <= STACK_SGES else <c.sc_sge *>malloc(total * sizeof(c.sc_sge))
-    if cs is NULL:
-        raise MemoryError()
-    for sges in lists:
-        for sge in sges:
-            cs[k].addr, cs[k].length, cs[k].lkey = sge.addr, sge.length, sge.lkey
-            k += 1
-    return cs
 
 
 cdef class QP:
@@ -354,61 +309,18 @@ cdef class QP:
 
     def post_send(self, wrs):
         """Post SendWRs in order: (POST_OK or why the next one was refused, how many were posted)."""
-        cdef int n = len(wrs), i, k = 0, posted = 0, err
-        cdef c.sc_sge stack_sges[STACK_SGES]
-        cdef c.sc_send_wr stack_wrs[STACK_WRS]
-        lists = [wr.sges() for wr in wrs]
-        cdef c.sc_sge *cs = sge_array(lists, &stack_sges[0])
-        cdef c.sc_send_wr *cw = &stack_wrs[0] if n <= STACK_WRS else <c.sc_send_wr *>malloc(n * sizeof(c.sc_send_wr))
-        try:
-            if cw is NULL:
-                raise MemoryError()
-            for i in range(n):
-                wr = wrs[i]
-                op = int(wr.opcode)
-                cw[i].wr_id = wr.wr_id
-                cw[i].opcode = op if 0 <= op <= 6 else 0xFFFFFFFF
-                cw[i].send_flags = int(wr.send_flags)
-                cw[i].imm_data = wr.imm_data
-                cw[i].rkey = wr.rkey
-                cw[i].remote_addr = wr.remote_addr
-                cw[i].compare_add = wr.compare_add
-                cw[i].swap = wr.swap
-                cw[i].num_sge = len(lists[i])
-                cw[i].sg = &cs[k]
-                k += cw[i].num_sge
-            self.refuse_if_closed()
-            err = c.sc_qp_post_send(self.ptr, cw, n, &posted)
-        finally:
-            if cw != &stack_wrs[0]:
-                free(cw)
-            if cs != &stack_sges[0]:
-                free(cs)
+        cdef SendWRs batch = SendWRs(wrs)
+        cdef int posted = 0
+        self.refuse_if_closed()
+        err = c.sc_qp_post_send(self.ptr, batch.wrs, batch.n, &posted)
         return err, posted
 
     def post_recv(self, wrs):
         """Post RecvWRs in order: (POST_OK or why the next one was refused, how many were posted)."""
-        cdef int n = len(wrs), i, k = 0, posted = 0, err
-        cdef c.sc_sge stack_sges[STACK_SGES]
-        cdef c.sc_recv_wr stack_wrs[STACK_WRS]
-        lists = [wr.sges() for wr in wrs]
-        cdef c.sc_sge *cs = sge_array(lists, &stack_sges[0])
-        cdef c.sc_recv_wr *cw = &stack_wrs[0] if n <= STACK_WRS else <c.sc_recv_wr *>malloc(n * sizeof(c.sc_recv_wr))
-        try:
-            if cw is NULL:
-                raise MemoryError()
-            for i in range(n):
-                cw[i].wr_id = wrs[i].wr_id
-                cw[i].num_sge = len(lists[i])
-                cw[i].sg = &cs[k]
-                k += cw[i].num_sge
-            self.refuse_if_closed()
-            err = c.sc_qp_post_recv(self.ptr, cw, n, &posted)
-        finally:
-            if cw != &stack_wrs[0]:
-                free(cw)
-            if cs != &stack_sges[0]:
-                free(cs)
+        cdef RecvWRs batch = RecvWRs(wrs)
+        cdef int posted = 0
+        self.refuse_if_closed()
+        err = c.sc_qp_post_recv(self.ptr, batch.wrs, batch.n, &posted)
         return err, posted
 
     def close(self):

@@ -63,6 +63,7 @@ enum sc_post_error {
     SC_POST_INLINE,     /* more inline bytes than max_inline_data */
     SC_POST_ATOMIC,     /* an atomic needs one SGE of 8 bytes */
     SC_POST_NOMEM,
+    SC_POST_DEVICE, /* the verbs backend's device refused it (verbs_core.h) */
 };
 
 enum sc_qp_state { SC_QPS_RESET = 0, SC_QPS_INIT = 1, SC_QPS_RTR = 2, SC_QPS_RTS = 3, SC_QPS_ERR = 6 };

@@ -10,14 +10,15 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from libshift.core import _verbs
 from libshift.gid import canonical_gid
+from libshift.providers.refusal import refusal
 from libshift.providers.verbs import VerbsProvider, binding, convert, fds, gid
 from libshift.providers.verbs.events import (
     MEANINGS,
@@ -30,8 +31,9 @@ from libshift.providers.verbs.events import (
     meaning_of,
 )
 from libshift.providers.verbs.gid import GidEntry, choose_gid, port_dir, read_gid_table
-from libshift.verbs import SGE, Endpoint, QPAttr, RecvWR, SendWR, VerbsError, VerbsRDMAError
+from libshift.verbs import SGE, Endpoint, QPAttr, QPCap, SendWR, VerbsError, VerbsRDMAError
 from libshift.verbs import enums as e
+from libshift.vocabulary.wr import WC
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 ROCE, IB, BOND = (FIXTURES / f"sysfs-{kind}" for kind in ("roce", "ib", "bond"))
@@ -279,20 +281,6 @@ def test_a_failing_listener_does_not_stop_the_others(caplog):
 # -- event files --------------------------------------------------------------------------------------------
 
 
-def test_new_fd_finds_the_one_file_created_in_the_block():
-    with fds.new_fd("eventfd", target="anon_inode:[eventfd]") as found:
-        made = os.eventfd(0)
-    try:
-        assert found.fd == made and found.error == ""
-        with fds.new_fd("nothing", target="anon_inode:[eventfd]") as none:
-            pass
-        assert none.fd is None and "0 new event files" in none.error
-        with pytest.raises(VerbsError, match="nothing: 0 new event files appeared"):
-            fds.require(none)
-    finally:
-        os.close(made)
-
-
 def test_wait_readable_times_out_then_sees_a_wake():
     waker = fds.Waker()
     try:
@@ -306,75 +294,34 @@ def test_wait_readable_times_out_then_sees_a_wake():
         waker.close()
 
 
-# -- work requests, completions and QP attributes as pyverbs objects ---------------------------------------
-
-
-def test_send_wr_carries_opcode_sges_and_big_endian_immediate():
-    pv = pyverbs_or_skip()
-    wr = SendWR(
-        wr_id=9,
-        opcode=e.IBV_WR_SEND_WITH_IMM,
-        sg=[SGE(0x1000, 16, 7), SGE(0x2000, 8, 7)],
-        imm_data=0x01020304,
-        send_flags=e.IBV_SEND_SIGNALED | e.IBV_SEND_SOLICITED,
-    )
-    out = convert.send_wr(pv, wr)
-    assert (out.wr_id, out.opcode, out.num_sge) == (9, e.IBV_WR_SEND_WITH_IMM, 2)
-    assert out.send_flags == e.IBV_SEND_SIGNALED | e.IBV_SEND_SOLICITED
-    assert out.imm_data == socket.htonl(0x01020304)
-
-
-def test_zero_length_requests_have_no_sge():
-    pv = pyverbs_or_skip()
-    assert convert.send_wr(pv, SendWR(opcode=e.IBV_WR_SEND, sg=[])).num_sge == 0
-    assert convert.recv_wr(pv, RecvWR(wr_id=4, sg=[])).num_sge == 0
-    assert convert.recv_wr(pv, RecvWR(wr_id=5, sg=[SGE(1, 2, 3)] * 3, num_sge=2)).num_sge == 2
+# -- completions, refusals and QP attributes for the core's verbs backend ------------------------------------
 
 
 @pytest.mark.parametrize("opcode", list(e.ibv_wr_opcode))
-def test_every_opcode_converts(opcode):
-    pv = pyverbs_or_skip()
-    wr = SendWR(opcode=opcode, sg=[SGE(0x1000, 8, 1)], remote_addr=0x4000, rkey=0x55, compare_add=1, swap=2)
-    assert convert.send_wr(pv, wr).opcode == opcode
+def test_every_send_opcode_has_its_completion_opcode(opcode):
     assert convert.WC_OPCODE[opcode] in e.ibv_wc_opcode
 
 
-def test_an_unknown_opcode_is_refused_in_one_line():
-    pv = pyverbs_or_skip()
-    with pytest.raises(VerbsRDMAError, match=r"^unknown send opcode 42$"):
-        convert.send_wr(pv, SendWR(opcode=42, sg=[SGE(0x1000, 8, 1)]))
-
-
-def test_completions_map_status_opcode_and_immediate():
-    pv = pyverbs_or_skip()
-    WC = pv.cq.WC
-    recv = convert.work_completion(
-        WC(
-            wr_id=3,
-            status=0,
-            opcode=129,
-            qp_num=7,
-            byte_len=64,
-            imm_data=socket.htonl(77),
-            wc_flags=2,
-            src_qp=8,
-        ),
-        e.IBV_WC_SEND,
-    )
-    assert (recv.opcode, recv.status, recv.imm_data, recv.byte_len, recv.src_qp) == (
-        e.IBV_WC_RECV_RDMA_WITH_IMM,
-        e.IBV_WC_SUCCESS,
-        77,
-        64,
-        8,
-    )
+def test_completions_keep_a_good_opcode_and_take_the_wrs_on_an_error():
+    recv = WC(3, e.IBV_WC_SUCCESS, e.IBV_WC_RECV_RDMA_WITH_IMM, 7, 64, 77, 2, 8)
+    assert convert.work_completion(recv, e.IBV_WC_SEND) is recv  # changed in place, not copied
+    assert (recv.opcode, recv.status, recv.imm_data, recv.src_qp) == (e.IBV_WC_RECV_RDMA_WITH_IMM, 0, 77, 8)
     # an error WC's opcode is undefined in ibverbs: the WR's opcode, remembered by the QP, stands in
-    flushed = convert.work_completion(WC(wr_id=4, status=5, opcode=0xEE, qp_num=7), e.IBV_WC_RDMA_READ)
+    flushed = convert.work_completion(WC(4, e.IBV_WC_WR_FLUSH_ERR, 0xEE, 7, 0, 0, 0, 0), e.IBV_WC_RDMA_READ)
     assert (flushed.status, flushed.opcode) == (e.IBV_WC_WR_FLUSH_ERR, e.IBV_WC_RDMA_READ)
-    strange = convert.work_completion(
-        WC(wr_id=5, status=99, opcode=0, qp_num=7, vendor_err=0x81), e.IBV_WC_SEND
-    )
-    assert (strange.status, strange.vendor_err) == (e.IBV_WC_GENERAL_ERR, 0x81)
+    strange = convert.work_completion(WC(5, 99, 0, 7, 0, 0, 0, 0), e.IBV_WC_SEND)
+    assert (strange.status, strange.opcode) == (e.IBV_WC_GENERAL_ERR, e.IBV_WC_SEND)
+
+
+def test_refusals_are_one_line_with_ibverbs_errno():
+    cap = QPCap(max_send_wr=8, max_recv_wr=4, max_send_sge=2, max_recv_sge=1, max_inline_data=64)
+    wr = SendWR(opcode=42, sg=[SGE(0x1000, 8, 1)])
+    unknown = refusal(_verbs.POST_OPCODE, 3, cap, "IBV_QPS_RTS", wr, True)
+    assert (str(unknown), unknown.error_code) == ("QP 3: unknown send opcode 42", errno.EINVAL)
+    full = refusal(_verbs.POST_QUEUE_FULL, 3, cap, "IBV_QPS_RTS", None, False)
+    assert (str(full), full.error_code) == ("QP 3: receive queue full (4 WRs)", errno.ENOMEM)
+    device = refusal(_verbs.POST_DEVICE, 3, cap, "IBV_QPS_RTS", wr, True, "Invalid argument")
+    assert str(device) == "QP 3: the device refused the post: Invalid argument"
 
 
 ROCE_PORT = convert.Port(num=1, link_layer="Ethernet", lid=0, active_mtu=5, gid_index=3)
@@ -386,54 +333,24 @@ def peer(**data) -> Endpoint:
                     provider_data={"lid": 0x2B, "mtu": 5, **data})  # fmt: skip
 
 
-def test_init_takes_port_pkey_and_access():
-    pv = pyverbs_or_skip()
-    attr = QPAttr(
-        qp_state=e.IBV_QPS_INIT, qp_access_flags=e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_LOCAL_WRITE
-    )
-    out, mask = convert.modify_args(pv, ROCE_PORT, attr, e.IBV_QPS_RESET, 1, 0)
-    E = pv.enums
-    assert mask == E.IBV_QP_STATE | E.IBV_QP_PKEY_INDEX | E.IBV_QP_PORT | E.IBV_QP_ACCESS_FLAGS
-    assert (out.qp_state, out.port_num, out.pkey_index) == (e.IBV_QPS_INIT, 1, 0)
-    assert out.qp_access_flags == e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_LOCAL_WRITE
-
-
-def test_rtr_on_roce_addresses_the_peer_by_gid_through_the_chosen_index():
-    pv = pyverbs_or_skip()
+def test_rtr_addresses_the_peer_by_gid_and_lid_through_the_chosen_index():
     attr = QPAttr(qp_state=e.IBV_QPS_RTR, dest=peer(mtu=3), min_rnr_timer=12, max_dest_rd_atomic=16)
-    out, mask = convert.modify_args(pv, ROCE_PORT, attr, e.IBV_QPS_INIT, 1, 0)
-    E = pv.enums
-    assert mask & E.IBV_QP_AV and mask & E.IBV_QP_DEST_QPN and mask & E.IBV_QP_RQ_PSN
-    assert (out.dest_qp_num, out.rq_psn, out.path_mtu, out.min_rnr_timer) == (0x123, 0xABCDEF, 3, 12)
-    ah = out.ah_attr
-    assert (ah.is_global, ah.sgid_index, ah.port_num, ah.hop_limit) == (1, 3, 1, convert.HOP_LIMIT)
-    assert ah.dgid == "0000:0000:0000:0000:0000:ffff:c612:000b"
-
-
-def test_rtr_on_infiniband_addresses_the_peer_by_lid():
-    pv = pyverbs_or_skip()
-    out, _mask = convert.modify_args(
-        pv, IB_PORT, QPAttr(qp_state=e.IBV_QPS_RTR, dest=peer()), e.IBV_QPS_INIT, 1, 0
-    )
-    assert (out.ah_attr.is_global, out.ah_attr.dlid, out.path_mtu) == (0, 0x2B, 4)  # the smaller MTU
+    gid, qpn, lid, sgid_index, mtu, rq_psn, rnr, rd_atomic = convert.rtr_args(ROCE_PORT, attr, attr.dest)
+    assert gid == bytes.fromhex("00000000000000000000ffffc612000b")
+    assert (qpn, lid, sgid_index, mtu, rq_psn, rnr, rd_atomic) == (0x123, 0x2B, 3, 3, 0xABCDEF, 12, 16)
+    ib = convert.rtr_args(IB_PORT, QPAttr(qp_state=e.IBV_QPS_RTR, dest=peer(), rq_psn=7), peer())
+    assert (ib[4], ib[5]) == (4, 7)  # the smaller MTU; the PSN asked for
 
 
 def test_rts_sets_timers_and_send_psn():
-    pv = pyverbs_or_skip()
-    attr = QPAttr(qp_state=e.IBV_QPS_RTS, timeout=14, retry_cnt=3, rnr_retry=7, sq_psn=5)
-    out, mask = convert.modify_args(pv, ROCE_PORT, attr, e.IBV_QPS_RTR, 1, 99)
-    assert (out.timeout, out.retry_cnt, out.rnr_retry, out.sq_psn) == (14, 3, 7, 5)
-    assert mask & pv.enums.IBV_QP_SQ_PSN and mask & pv.enums.IBV_QP_TIMEOUT
-    default_psn, _ = convert.modify_args(pv, ROCE_PORT, QPAttr(qp_state=e.IBV_QPS_RTS), e.IBV_QPS_RTR, 1, 99)
-    assert default_psn.sq_psn == 99
+    attr = QPAttr(qp_state=e.IBV_QPS_RTS, timeout=14, retry_cnt=3, rnr_retry=7, sq_psn=5, max_rd_atomic=2)
+    assert convert.rts_args(attr, 99) == (14, 3, 7, 5, 2)
+    assert convert.rts_args(QPAttr(qp_state=e.IBV_QPS_RTS), 99)[3] == 99
 
 
 def test_rtr_needs_a_verbs_endpoint_and_fields_must_fit():
-    pv = pyverbs_or_skip()
     tcp_peer = Endpoint(gid="::ffff:198.18.0.11", qpn=1, psn=0, device="mlx5_0", provider="tcp")
     with pytest.raises(VerbsError, match="QP 4: to_rtr needs the peer's verbs Endpoint"):
-        convert.modify_args(
-            pv, ROCE_PORT, QPAttr(qp_state=e.IBV_QPS_RTR, dest=tcp_peer), e.IBV_QPS_INIT, 4, 0
-        )
+        convert.peer_of(tcp_peer, 4)
     with pytest.raises(VerbsRDMAError, match=r"retry_cnt=9 is outside 0\.\.7"):
         convert.check_attr(QPAttr(retry_cnt=9))

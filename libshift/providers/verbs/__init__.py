@@ -1,4 +1,5 @@
-"""The verbs provider: real RDMA (RoCE, InfiniBand) through pyverbs.
+"""The verbs provider: real RDMA (RoCE, InfiniBand) through the core's verbs backend (libshift.core._verbs,
+which drives libibverbs from C), with pyverbs for discovery and the devices' attributes.
 
 Importing this package imports nothing of pyverbs; listing devices does, once. Where pyverbs is missing,
 or rdma-core finds no device (ibv_get_device_list fails, with ENOSYS, where the kernel has no RDMA

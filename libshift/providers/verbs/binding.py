@@ -1,8 +1,10 @@
-"""The one place pyverbs is imported, and how its errors become the verbs API's.
+"""The one place pyverbs is imported, and how its errors and the core's verbs backend's become the verbs
+API's.
 
-pyverbs is imported on first use, never when libshift is: a host without rdma-core runs everything else.
-Debian's python3-pyverbs is the supported build (it matches the system's libibverbs); docs/hardware.md
-says why PyPI's is not.
+pyverbs serves discovery and the device's attributes; every object the data path uses is the core's
+(libshift.core._verbs, which loads libibverbs itself on first use). pyverbs is imported on first use,
+never when libshift is: a host without rdma-core runs everything else. Debian's python3-pyverbs is the
+supported build (it matches the system's libibverbs); docs/hardware.md says why PyPI's is not.
 """
 
 from __future__ import annotations
@@ -81,3 +83,12 @@ def mapped(what: str, default_errno: int = 0) -> Iterator[None]:
         yield
     except load().error as exc:
         raise rdma_error(what, exc, default_errno) from None
+
+
+@contextmanager
+def native(what: str) -> Iterator[None]:
+    """Run a call of the core's verbs backend; its failure becomes `what failed: <why>`, errno kept."""
+    try:
+        yield
+    except VerbsRDMAError as exc:
+        raise VerbsRDMAError(f"{what} failed: {exc}", exc.error_code) from None

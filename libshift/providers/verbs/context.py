@@ -1,10 +1,15 @@
-"""An opened RNIC: its port and addressing, its QPs by number, and its async events.
+"""An opened RNIC: its port and addressing, its objects, its QPs by number, and its async events.
 
-The port is the first ACTIVE one (ConnectX functions have one port each). The GID index is chosen from the
-sysfs GID table (gid.py) at open and again whenever an async event says addresses may have moved
-(GID_CHANGE, PORT_ACTIVE, LID_CHANGE): new QPs then use the current index. Async events are read by one
-thread per context, which waits on the async event file with poll() (fds.py says why) and hands each event,
-with its meaning, to the listeners: the resilience layer subscribes with add_event_listener.
+The device is opened twice: by pyverbs for its attributes (the ports, the limits) and by the core's verbs
+backend (libshift.core._verbs) for every object the data path uses. The port is the first ACTIVE one
+(ConnectX functions have one port each). The GID index is chosen from the sysfs GID table (gid.py) at open
+and again whenever an async event says addresses may have moved (GID_CHANGE, PORT_ACTIVE, LID_CHANGE): new
+QPs then use the current index. Async events are read by one thread per context, which waits on the
+backend's async event file with poll() and hands each event, with its meaning, to the listeners: the
+resilience layer subscribes with add_event_listener.
+
+Objects close what was made on them first (libibverbs refuses to free a PD, CQ or channel still in use),
+and closing the context closes whatever is still open, the newest first.
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from libshift.core import _verbs
 from libshift.providers import DeviceInfo, ProviderContext
 from libshift.providers.verbs import fds
-from libshift.providers.verbs.binding import load, mapped
+from libshift.providers.verbs.binding import load, mapped, native
 from libshift.providers.verbs.convert import LINK_LAYER, Port, work_completion
 from libshift.providers.verbs.cq import VerbsChannel, VerbsCQ
 from libshift.providers.verbs.events import AsyncEvent, EventType, Listener, Listeners, describe, meaning_of
@@ -36,25 +42,26 @@ class VerbsContext(ProviderContext):
         self.device = device
         self.sysfs_root = sysfs_root
         self.qps: dict[int, VerbsQP] = {}
+        self.cqs: dict[int, VerbsCQ] = {}  # by the cookie their channel's events carry
+        self._cookies = 0
+        self._objects: dict[int, tuple[Any, tuple[Any, ...]]] = {}  # id -> (object, what it was made on)
         self._listeners = Listeners()
         self._lock = threading.Lock()
-        pv = load()
-        with fds.new_fd(f"{device.name}: async events") as found, mapped(f"{device.name}: open_device"):
-            self.context = pv.device.Context(name=device.name)
+        with mapped(f"{device.name}: open_device"):
+            self.context = load().device.Context(name=device.name)
         try:
             self._port, self._gid = self._address(self._active_port())
+            with native(f"{device.name}: open_device"):
+                self.native = _verbs.Context(device.name, self._port.num)
         except BaseException:
             self.context.close()
             raise
         self._waker = fds.Waker()
-        self._reader: threading.Thread | None = None
-        if found.fd is None:
-            log.warning("%s: async events are not watched (%s)", device.name, found.error)
-        else:
-            self._reader = threading.Thread(
-                target=self._read_events, args=(found.fd,), name=f"verbs-async-{device.name}", daemon=True
-            )
-            self._reader.start()
+        self._reader: threading.Thread | None = threading.Thread(
+            target=self._read_events, args=(self.native.event_fd(),), name=f"verbs-async-{device.name}",
+            daemon=True,
+        )  # fmt: skip
+        self._reader.start()
 
     # -- addressing ---------------------------------------------------------------------------------------
 
@@ -121,36 +128,32 @@ class VerbsContext(ProviderContext):
             ready = fds.wait_readable([fd, self._waker.fd], None)
             if self._waker.fd in ready:
                 return
-            try:
-                raw = self.context.get_async_event()
-                event_type = raw.event_type
-                raw.ack()
-            except load().error as exc:
-                log.warning("%s: reading async events stopped: %s", self.device.name, exc)
-                return
-            try:
-                self.dispatch(event_type)
-            except Exception:  # the reader must outlive any one event
-                log.exception("%s: async event %d not handled", self.device.name, event_type)
+            while (raw := self.native.event()) is not None:  # acknowledged already
+                event_type, _qp_num, _port, cq_cookie = raw
+                try:
+                    self.dispatch(event_type, cq_cookie)
+                except Exception:  # the reader must outlive any one event
+                    log.exception("%s: async event %d not handled", self.device.name, event_type)
 
-    def dispatch(self, event_type: int) -> AsyncEvent:
+    def dispatch(self, event_type: int, cq_cookie: int = 0) -> AsyncEvent:
         """Act on an event (choose the GID again when addresses may have moved) and surface it."""
         if meaning_of(event_type).readdress:
             self.readdress()
         if event_type == EventType.CQ_ERR:
-            self._overrun()
+            self._overrun(cq_cookie)
         event = describe(self.device.name, event_type, self.port().num, self._failed_qps)
         log.info("%s: async event %s", self.device.name, event.name)
         self._listeners.emit(event)
         return event
 
-    def _overrun(self) -> None:
-        """A CQ overran: the QPs of every CQ that can have overrun go to ERR (IB's rule; rxe leaves them)."""
+    def _overrun(self, cq_cookie: int) -> None:
+        """The CQ the device names overran: its QPs go to ERR (IB's rule; rxe leaves them)."""
+        cq = self.cqs.get(cq_cookie)
+        if cq is None:
+            return
+        cq.overrun = True
         for qp in list(self.qps.values()):
-            overrun = [cq for cq in qp.cqs if cq.may_have_overrun()]
-            for cq in overrun:
-                cq.overrun = True
-            if overrun:
+            if cq in qp.cqs:
                 log.warning("%s: CQ overrun: QP %d goes to ERR", self.device.name, qp.qp_num)
                 qp.to_error()
 
@@ -159,9 +162,27 @@ class VerbsContext(ProviderContext):
 
     # -- objects ------------------------------------------------------------------------------------------
 
-    def completion(self, raw: Any) -> WC:
-        qp = self.qps.get(raw.qp_num)
-        return qp.completed(raw) if qp is not None else work_completion(raw, ibv_wc_opcode.IBV_WC_SEND)
+    def next_cookie(self) -> int:
+        with self._lock:
+            self._cookies += 1
+            return self._cookies
+
+    def adopt(self, obj: Any, *parents: Any) -> None:
+        """Track `obj`, made on `parents`, so that closing one of them (or the context) closes it first."""
+        with self._lock:
+            self._objects[id(obj)] = (obj, parents)
+
+    def release(self, obj: Any) -> None:
+        """Close what was made on `obj` (the newest first) and stop tracking it: `obj` closes next."""
+        with self._lock:
+            self._objects.pop(id(obj), None)
+            made_on = [other for other, parents in self._objects.values() if obj in parents]
+        for other in reversed(made_on):
+            other.close()
+
+    def completion(self, wc: WC) -> WC:
+        qp = self.qps.get(wc.qp_num)
+        return qp.completed(wc) if qp is not None else work_completion(wc, ibv_wc_opcode.IBV_WC_SEND)
 
     def alloc_pd(self) -> VerbsPD:
         return VerbsPD(self)
@@ -178,8 +199,15 @@ class VerbsContext(ProviderContext):
             self._reader.join()
             self._reader = None
         self._waker.close()
+        with self._lock:
+            still_open = [obj for obj, _parents in self._objects.values()]
+        for obj in reversed(still_open):  # the newest first: nothing is made before what it is made on
+            if id(obj) in self._objects:
+                obj.close()
+        with native(f"{self.device.name}: close_device"):
+            self.native.close()
         with mapped(f"{self.device.name}: close_device"):
-            self.context.close()  # pyverbs closes what is still open under it, children first
+            self.context.close()
 
 
 def _in_error(qp: VerbsQP) -> bool:

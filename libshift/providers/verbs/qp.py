@@ -1,23 +1,25 @@
-"""An RC queue pair over pyverbs: transitions with the attribute masks RC needs, posting, completions.
+"""An RC queue pair over the core's verbs backend: transitions with the attributes RC needs, posting,
+completions.
 
 The state a caller reads is queried from the device (ibv_query_qp), because an RNIC moves a QP to ERR on
 its own; posting checks use libibverbs' cached state, which is what the last modify set, as ibverbs does.
-A failed post raises VerbsRDMAError with ibverbs' errno (ENOMEM: queue full, EINVAL: a bad WR).
+A refused post raises VerbsRDMAError with ibverbs' errno (ENOMEM: queue full, EINVAL: a bad WR).
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import secrets
-import threading
 from collections import Counter, deque
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from libshift.core import _verbs
 from libshift.providers import ProviderQP
+from libshift.providers.refusal import refusal
 from libshift.providers.verbs import convert
-from libshift.providers.verbs.binding import errno_of, load, mapped, rdma_error
+from libshift.providers.verbs.binding import native
 from libshift.vocabulary.attrs import Endpoint, QPAttr, QPCap
 from libshift.vocabulary.enums import ibv_qp_state, ibv_send_flags, ibv_wc_opcode, ibv_wr_opcode
 from libshift.vocabulary.errors import VerbsRDMAError
@@ -28,10 +30,7 @@ if TYPE_CHECKING:
     from libshift.providers.verbs.memory import VerbsPD
 
 S = ibv_qp_state
-RECV_STATES = {S.IBV_QPS_INIT, S.IBV_QPS_RTR, S.IBV_QPS_RTS, S.IBV_QPS_ERR}
-SEND_STATES = {S.IBV_QPS_RTS, S.IBV_QPS_SQD, S.IBV_QPS_SQE, S.IBV_QPS_ERR}
 SIGNALED = int(ibv_send_flags.IBV_SEND_SIGNALED)
-INLINE = int(ibv_send_flags.IBV_SEND_INLINE)
 
 
 class VerbsQP(ProviderQP):
@@ -40,39 +39,22 @@ class VerbsQP(ProviderQP):
         self.ctx = pd.ctx
         self.sq_sig_all = sq_sig_all
         self.cqs = (send_cq, recv_cq)
-        pv = load()
-        init = pv.qp.QPInitAttr(
-            qp_type=pv.enums.IBV_QPT_RC,
-            scq=send_cq.cq,
-            rcq=recv_cq.cq,
-            cap=pv.qp.QPCap(
-                cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data
-            ),
-            sq_sig_all=int(sq_sig_all),
-        )
-        with mapped(f"{self.ctx.device.name}: create_qp"):
-            self.qp = pv.qp.QP(pd.pd, init)
-        # what the device granted (at least what was asked): pyverbs' init attr shows only part of what
-        # ibv_create_qp wrote back (rxe: 4 send WRs asked, 7 granted, init still says 4), ibv_query_qp all
-        with mapped(f"{self.ctx.device.name}: query_qp"):
-            got = self.qp.query(pv.enums.IBV_QP_CAP)[0].cap
-        self.cap = QPCap(
-            got.max_send_wr, got.max_recv_wr, got.max_send_sge, got.max_recv_sge, got.max_inline_data
-        )
+        sizes = (cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data)
+        with native(f"{self.ctx.device.name}: create_qp"):
+            self.qp = _verbs.QP(pd.pd, send_cq.cq, recv_cq.cq, sizes, sq_sig_all)
+        self.cap = QPCap(*self.qp.cap)  # what the device granted (at least what was asked)
         self.qp_num: int = self.qp.qp_num
         self.psn = secrets.randbits(24)
         # an error WC's opcode is undefined in ibverbs: remember what the signaled WRs were, in order
         self._sends: dict[int, deque[ibv_wc_opcode]] = {}
         self._recvs: Counter[int] = Counter()
-        self._lock = threading.Lock()  # a post and close() never overlap: pyverbs would use the freed QP
-        self._closed = False
         self.ctx.qps[self.qp_num] = self
+        self.ctx.adopt(self, pd, send_cq, recv_cq)
 
     @property
     def state(self) -> ibv_qp_state:
-        with mapped(f"QP {self.qp_num}: query_qp"):
-            attr, _init = self.qp.query(load().enums.IBV_QP_STATE)
-        return S(attr.qp_state)
+        with native(f"QP {self.qp_num}: query_qp"):
+            return S(self.qp.state)
 
     def endpoint(self) -> Endpoint:
         port = self.ctx.port()
@@ -87,104 +69,88 @@ class VerbsQP(ProviderQP):
 
     def modify(self, attr: QPAttr) -> None:
         convert.check_attr(attr)
-        current, target = S(self.qp.qp_state), S(attr.qp_state)
+        current, target = S(self.qp.last_state), S(attr.qp_state)
         if target == S.IBV_QPS_RTR and current != S.IBV_QPS_INIT:
             # refused as the device would, before the RTR attributes (attr.dest) are looked at
             raise VerbsRDMAError(
                 f"QP {self.qp_num}: cannot go from {current.name} to {target.name}", errno.EINVAL
             )
-        if target == S.IBV_QPS_RTR:
-            convert.peer_of(attr.dest, self.qp_num)
-        pv_attr, mask = convert.modify_args(load(), self.ctx.port(), attr, current, self.qp_num, self.psn)
         try:
-            self.qp.modify(pv_attr, mask)
-        except load().error as exc:
-            raise rdma_error(
-                f"QP {self.qp_num}: cannot go from {current.name} to {target.name}", exc, errno.EINVAL
-            ) from None
+            self._modify(current, target, attr)
+        except VerbsRDMAError as exc:
+            code = exc.error_code or errno.EINVAL
+            move = f"cannot go from {current.name} to {target.name}"
+            raise VerbsRDMAError(f"QP {self.qp_num}: {move} failed: {os.strerror(code)}", code) from None
         if target == S.IBV_QPS_RESET:
             self._sends.clear()
             self._recvs.clear()
 
+    def _modify(self, current: ibv_qp_state, target: ibv_qp_state, attr: QPAttr) -> None:
+        if target == S.IBV_QPS_INIT:
+            self.qp.to_init(int(attr.qp_access_flags))
+        elif target == S.IBV_QPS_RTR:
+            self.qp.to_rtr(*convert.rtr_args(self.ctx.port(), attr, convert.peer_of(attr.dest, self.qp_num)))
+        elif target == S.IBV_QPS_RTS and current == S.IBV_QPS_RTR:
+            self.qp.to_rts(*convert.rts_args(attr, self.psn))
+        elif target == S.IBV_QPS_RTS:  # RTS -> RTS may change only a few things
+            self.qp.set_min_rnr_timer(attr.min_rnr_timer)
+        elif target == S.IBV_QPS_ERR:
+            self.qp.to_err()
+        elif target == S.IBV_QPS_RESET:
+            self.qp.reset()
+        else:
+            raise VerbsRDMAError(f"QP {self.qp_num}: {target.name} is not a state this provider moves to")
+
     def to_error(self) -> None:
         """To ERR on the provider's own account (a CQ overrun the device did not act on)."""
-        with self._open("modify_qp"), mapped(f"QP {self.qp_num}: modify_qp to ERR"):
-            self.qp.modify(load().qp.QPAttr(qp_state=int(S.IBV_QPS_ERR)), load().enums.IBV_QP_STATE)
+        with native(f"QP {self.qp_num}: modify_qp to ERR"):
+            self.qp.to_err()
 
     def post_send(self, wr: SendWR) -> None:
-        with self._open("post_send"):
-            self._post_send(wr)
+        self.post_send_list((wr,))
 
-    def _post_send(self, wr: SendWR) -> None:
-        state = S(self.qp.qp_state)
-        if state not in SEND_STATES:
-            raise VerbsRDMAError(f"QP {self.qp_num}: post_send needs state RTS, the QP is {state.name}")
-        sges = wr.sges()
-        if len(sges) > self.cap.max_send_sge:
-            raise VerbsRDMAError(
-                f"QP {self.qp_num}: {len(sges)} SGEs, max_send_sge is {self.cap.max_send_sge}"
-            )
-        length = sum(s.length for s in sges)
-        if wr.send_flags & INLINE and length > self.cap.max_inline_data:
-            limit = self.cap.max_inline_data
-            raise VerbsRDMAError(f"QP {self.qp_num}: {length} B inline, max_inline_data is {limit}")
-        self._post(self.qp.post_send, convert.send_wr(load(), wr), "send", self.cap.max_send_wr)
-        if self.sq_sig_all or wr.send_flags & SIGNALED:
-            self.cqs[0].expect()
-            opcode = convert.WC_OPCODE[ibv_wr_opcode(wr.opcode)]
-            self._sends.setdefault(wr.wr_id, deque()).append(opcode)
+    def post_send_list(self, wrs: Sequence[SendWR]) -> None:
+        err, posted = self.qp.post_send(wrs)
+        for wr in wrs[:posted]:
+            if self.sq_sig_all or wr.send_flags & SIGNALED:
+                opcode = convert.WC_OPCODE[ibv_wr_opcode(wr.opcode)]
+                self._sends.setdefault(wr.wr_id, deque()).append(opcode)
+        if err != _verbs.POST_OK:
+            raise self._refusal(err, wrs[posted] if posted < len(wrs) else None, send=True)
 
     def post_recv(self, wr: RecvWR) -> None:
-        with self._open("post_recv"):
-            self._post_recv(wr)
+        self.post_recv_list((wr,))
 
-    def _post_recv(self, wr: RecvWR) -> None:
-        state = S(self.qp.qp_state)
-        if state not in RECV_STATES:
-            raise VerbsRDMAError(
-                f"QP {self.qp_num}: post_recv needs INIT, RTR or RTS, the QP is {state.name}"
-            )
-        self._post(self.qp.post_recv, convert.recv_wr(load(), wr), "receive", self.cap.max_recv_wr)
-        self._recvs[wr.wr_id] += 1
-        self.cqs[1].expect()
+    def post_recv_list(self, wrs: Sequence[RecvWR]) -> None:
+        err, posted = self.qp.post_recv(wrs)
+        for wr in wrs[:posted]:
+            self._recvs[wr.wr_id] += 1
+        if err != _verbs.POST_OK:
+            raise self._refusal(err, wrs[posted] if posted < len(wrs) else None, send=False)
 
-    @contextmanager
-    def _open(self, verb: str) -> Iterator[None]:
-        """Holds off close() for the duration; a QP closed before is refused (pyverbs would crash)."""
-        with self._lock:
-            if self._closed:
-                raise VerbsRDMAError(f"QP {self.qp_num}: {verb} on a closed QP")
-            yield
+    def _refusal(self, err: int, wr: SendWR | RecvWR | None, send: bool) -> VerbsRDMAError:
+        state = S(self.qp.last_state).name
+        return refusal(err, self.qp_num, self.cap, state, wr, send, _verbs.error())
 
-    def _post(self, post: Any, wr: Any, queue: str, depth: int) -> None:
-        try:
-            post(wr)
-        except load().error as exc:
-            if errno_of(exc) == errno.ENOMEM:
-                raise VerbsRDMAError(
-                    f"QP {self.qp_num}: {queue} queue full ({depth} WRs)", errno.ENOMEM
-                ) from None
-            raise rdma_error(f"QP {self.qp_num}: post_{queue.replace('receive', 'recv')}", exc) from None
-
-    def completed(self, raw: Any) -> WC:
-        """The libshift WC of a pyverbs WC of this QP (the WR's opcode stands in on an error WC)."""
-        if raw.status == 0:
-            is_recv = bool(raw.opcode & ibv_wc_opcode.IBV_WC_RECV)
+    def completed(self, wc: WC) -> WC:
+        """The libshift WC of one of this QP's completions (the WR's opcode stands in on an error WC)."""
+        if wc.status == 0:
+            is_recv = bool(wc.opcode & ibv_wc_opcode.IBV_WC_RECV)
         else:
-            is_recv = raw.wr_id not in self._sends and self._recvs[raw.wr_id] > 0
+            is_recv = wc.wr_id not in self._sends and self._recvs[wc.wr_id] > 0
         if is_recv:
-            self._recvs[raw.wr_id] -= 1
-            if self._recvs[raw.wr_id] <= 0:
-                del self._recvs[raw.wr_id]
-            return convert.work_completion(raw, ibv_wc_opcode.IBV_WC_RECV)
-        ops = self._sends.get(raw.wr_id)
+            self._recvs[wc.wr_id] -= 1
+            if self._recvs[wc.wr_id] <= 0:
+                del self._recvs[wc.wr_id]
+            return convert.work_completion(wc, ibv_wc_opcode.IBV_WC_RECV)
+        ops = self._sends.get(wc.wr_id)
         opcode = ops.popleft() if ops else ibv_wc_opcode.IBV_WC_SEND
         if ops is not None and not ops:
-            del self._sends[raw.wr_id]
-        return convert.work_completion(raw, opcode)
+            del self._sends[wc.wr_id]
+        return convert.work_completion(wc, opcode)
 
     def close(self) -> None:
+        self.ctx.release(self)
         self.ctx.qps.pop(self.qp_num, None)
-        with self._lock, mapped(f"QP {self.qp_num}: destroy_qp"):
-            self._closed = True
+        with native(f"QP {self.qp_num}: destroy_qp"):
             self.qp.close()

@@ -1,0 +1,48 @@
+"""The verbs backend's C unit tests (libshift/core/tests/test_verbs.c) under AddressSanitizer and UBSan: the
+data path table over the tcp engine anywhere, and with two real devices RC between them and the table over
+verbs too."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from native_build import CORE, SANITIZE, build, core_sources, sanitizer_reports, verbs_sources
+from verbs_devices import verbs_pair
+
+# libibverbs and its providers are not built with ASan: what they keep for the process's life is not ours
+LEAKS = "leak:libibverbs.so\nleak:libibverbs/\nleak:librxe\n"
+
+
+@pytest.fixture(scope="module")
+def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Built once for both tests: a build under TCG takes minutes."""
+    out = tmp_path_factory.mktemp("verbs") / "test_verbs"
+    return build("gcc", CORE / "tests" / "test_verbs.c", out, SANITIZE, core_sources() + verbs_sources())
+
+
+def run(binary: Path, tmp_path: Path, *args: str) -> None:
+    """Runs the test binary; it must pass every check with no sanitizer report."""
+    suppressions = tmp_path / "lsan.supp"
+    suppressions.write_text(LEAKS)
+    env = {
+        **os.environ,
+        "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
+        "LSAN_OPTIONS": f"suppressions={suppressions}",
+        "UBSAN_OPTIONS": "print_stacktrace=1",
+    }
+    result = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().endswith(" 0 failed"), result.stdout
+    assert sanitizer_reports(result.stderr) == [], result.stderr
+
+
+def test_the_data_path_table_over_tcp(binary: Path, tmp_path: Path) -> None:
+    run(binary, tmp_path)
+
+
+def test_rc_between_two_devices_and_the_table_over_verbs(binary: Path, tmp_path: Path) -> None:
+    a, b = verbs_pair()
+    run(binary, tmp_path, a.name, str(a.gid_index), b.name, str(b.gid_index))
