@@ -38,7 +38,8 @@ test-unit: $(STAMP)
 # make test runs all of it beside the host's suite (docs/hardware.md has the times).
 RXE_ENV := -e SHIFT_TEST_PROVIDER=verbs -e SHIFT_TEST_VERBS_DEVICES=rxe0,rxe1 -e SHIFT_TEST_VERBS_BREAK_LINK=1 \
 	-e SHIFT_TEST_BULK_MIB=128
-RXE_TESTS ?= tests/providers/test_verbs_provider.py tests/conformance tests/failover/test_rxe.py
+RXE_TESTS ?= tests/core/test_verbs_c.py tests/core/test_verbs_face.py tests/providers/test_verbs_provider.py \
+	tests/conformance tests/failover/test_rxe.py
 RXE_LAB_TESTS ?= tests/shiftlab/test_lab_rxe.py
 test-rxe: setup
 	$(PY) -m shiftlab.rxe run --timeout 2400 $(RXE_ENV) -- \

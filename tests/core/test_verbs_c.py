@@ -43,6 +43,7 @@ def test_the_data_path_table_over_tcp(binary: Path, tmp_path: Path) -> None:
     run(binary, tmp_path)
 
 
+@pytest.mark.soft_roce  # in make test-rxe's VM, on rxe0 and rxe1
 def test_rc_between_two_devices_and_the_table_over_verbs(binary: Path, tmp_path: Path) -> None:
     a, b = verbs_pair()
     run(binary, tmp_path, a.name, str(a.gid_index), b.name, str(b.gid_index))

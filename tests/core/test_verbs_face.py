@@ -125,6 +125,7 @@ def one_wc(cq: _verbs.CQ) -> e.ibv_wc_status:
     pytest.fail("no completion")
 
 
+@pytest.mark.soft_roce  # in make test-rxe's VM, on rxe0 and rxe1
 def test_rc_over_the_face(pair: tuple[Side, Side]) -> None:
     a, b = pair
     assert a.qp.state == b.qp.state == int(e.ibv_qp_state.IBV_QPS_RTS)
@@ -183,6 +184,7 @@ def test_rc_over_the_face(pair: tuple[Side, Side]) -> None:
     assert a.qp.state == int(e.ibv_qp_state.IBV_QPS_ERR)
 
 
+@pytest.mark.soft_roce  # in make test-rxe's VM, on rxe0 and rxe1
 def test_closing_what_is_in_use_is_refused_and_a_close_ends_a_wait(pair: tuple[Side, Side]) -> None:
     a, _ = pair
     with pytest.raises(VerbsError, match="objects made on it are still open"):

@@ -8,7 +8,6 @@ and attribute checks (qprules.py's); the core's post refusals in the verbs' word
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import secrets
 from collections.abc import Sequence
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from libshift.core import _core
 from libshift.providers import ProviderQP
+from libshift.providers.refusal import refusal
 from libshift.providers.tcp.qprules import TRANSITIONS, check_attr, rtr_peer, tcp_endpoint
 from libshift.vocabulary.attrs import Endpoint, QPAttr, QPCap, ack_deadline, retry_period
 from libshift.vocabulary.enums import ibv_qp_state
@@ -111,28 +111,7 @@ class TcpQP(ProviderQP):
             raise self._refusal(err, wrs[posted] if posted < len(wrs) else None, send=False)
 
     def _refusal(self, err: int, wr: SendWR | RecvWR | None, send: bool) -> VerbsRDMAError:
-        """The verbs' words for why the core refused `wr`."""
-        qp, cap = f"QP {self.qp_num}", self.cap
-        sges = wr.sges() if wr is not None else []
-        if err == _core.POST_STATE:
-            if send:
-                return VerbsRDMAError(f"{qp}: post_send needs state RTS, the QP is {self.state.name}")
-            return VerbsRDMAError(f"{qp}: post_recv needs INIT, RTR or RTS, the QP is {self.state.name}")
-        if err == _core.POST_QUEUE_FULL:
-            if send:
-                return VerbsRDMAError(f"{qp}: send queue full ({cap.max_send_wr} WRs)", errno.ENOMEM)
-            return VerbsRDMAError(f"{qp}: receive queue full ({cap.max_recv_wr} WRs)", errno.ENOMEM)
-        if err == _core.POST_OPCODE and isinstance(wr, SendWR):
-            return VerbsRDMAError(f"{qp}: unknown send opcode {wr.opcode}")
-        if err == _core.POST_SGES:
-            limit = f"max_send_sge is {cap.max_send_sge}" if send else f"max_recv_sge is {cap.max_recv_sge}"
-            return VerbsRDMAError(f"{qp}: {len(sges)} SGEs, {limit}")
-        if err == _core.POST_INLINE:
-            length = sum(sge.length for sge in sges)
-            return VerbsRDMAError(f"{qp}: {length} B inline, max_inline_data is {cap.max_inline_data}")
-        if err == _core.POST_ATOMIC:
-            return VerbsRDMAError(f"{qp}: an atomic needs one SGE of 8 bytes")
-        return VerbsRDMAError(f"{qp}: out of memory", errno.ENOMEM)
+        return refusal(err, self.qp_num, self.cap, self.state.name, wr, send)
 
     def close(self) -> None:
         if not self.closed:
