@@ -65,6 +65,7 @@ async def watch_range(
     present: set[bytes] = set()  # keys whose last emitted event was a PUT
     cluster_id: int | None = None
     backoff = link.backoff()
+    cut_off = False  # the stream broke since the watch was last created: say when it is back
     while not link.closed.is_set():
         try:
             if resync:
@@ -104,6 +105,9 @@ async def watch_range(
                             next_rev = resp.header.revision + 1
                         cluster_id = resp.header.cluster_id
                         created = True
+                        if cut_off:
+                            log.info("etcd watch on %r: resumed from revision %d", key.decode(), next_rev)
+                            cut_off = False
                         backoff.reset()
                         link.ok()
                     for event in resp.events:
@@ -128,9 +132,11 @@ async def watch_range(
                 return
             raise
         except RegistryUnavailable:  # the resync's read, already counted
+            cut_off = True
             await link.sleep(backoff.next())
         except Exception as exc:
             if link.closed.is_set():
                 return
+            cut_off = True
             link.failed(exc)
             await link.sleep(backoff.next())

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import shutil
 import signal
 import subprocess
@@ -375,11 +376,16 @@ def test_watch_resumes_across_etcd_restart(etcd: EtcdProcess) -> None:
     run(scenario())
 
 
-def test_watch_without_events_resumes_where_it_started(etcd: EtcdProcess) -> None:
+def test_watch_without_events_resumes_where_it_started(
+    etcd: EtcdProcess, caplog: pytest.LogCaptureFixture
+) -> None:
     """A watch that has delivered nothing yet resumes from where it started, not from "now".
 
-    Resuming "from now" would lose for good what was written while it was cut off.
+    Resuming "from now" would lose for good what was written while it was cut off. (It failed twice in CI
+    with no event at all and the link connected; a failure now shows whether the watch was created again,
+    in the log, and whether etcd serves it.)
     """
+    caplog.set_level(logging.INFO, logger="shiftd.registry")
 
     async def scenario() -> None:
         reg = registry([etcd])
@@ -390,9 +396,12 @@ def test_watch_without_events_resumes_where_it_started(etcd: EtcdProcess) -> Non
         async with out_of_reach(etcd):
             await asyncio.to_thread(etcd.etcdctl, "put", PREFIX + "nics/h1/a", "while-away")
         await asyncio.to_thread(etcd.etcdctl, "put", PREFIX + "nics/h1/b", "after")
-        assert await seen(events, lambda e: len(e) >= 2, AFTER_OUTAGE), state_of(reg, events)
+        assert await seen(events, lambda e: len(e) >= 2, AFTER_OUTAGE), (
+            f"{state_of(reg, events)}; etcd serves {watchers(etcd)} watches"
+        )
         await asyncio.sleep(0.3)
         assert [(e.key, e.value) for e in events] == [("nics/h1/a", "while-away"), ("nics/h1/b", "after")]
+        assert "resumed from revision" in caplog.text
         await reg.stop()
         await asyncio.wait_for(watcher, 2)
 
