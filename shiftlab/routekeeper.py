@@ -1,10 +1,11 @@
 """The route keeper of a lab on rxe (`python -m shiftlab.routekeeper NAME HOSTS NICS`), run by `shift-lab up`.
 
-Taking a NIC down (`shiftctl fail-nic`) flushes its routing table and permanent neighbours
-(shiftlab/softroce.py); the kernel puts back only the routes of its addresses. So on every link event this
-process looks for a NIC that is up without its table and puts the table and the neighbours back, as the
-NIC's own configuration would on a real host. It waits on netlink, so it costs nothing while links stay as
-they are (in a VM under TCG a poll would not be free). It runs until `shift-lab down` stops it.
+Taking a NIC down (`shiftctl fail-nic`) flushes its route (its table keeps only its blackhole) and
+permanent neighbours (shiftlab/softroce.py); the kernel puts back only the routes of its addresses. So on
+every link event this process looks for a NIC that is up without its route and puts the route and the
+neighbours back, as the NIC's own configuration would on a real host. It waits on netlink, so it costs
+nothing while links stay as they are (in a VM under TCG a poll would not be free). It runs until `shift-lab
+down` stops it.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ IFF_UP = 0x1
 
 
 def missing(shape: Shape, ipr: IPRoute) -> list[tuple[int, int]]:
-    """The NICs (host, rail) that are up but whose table has no route."""
-    up = {link.get("ifname") for link in ipr.get_links() if link["flags"] & IFF_UP}
-    tables = {route.get("table") for route in ipr.route("dump", family=socket.AF_INET)}
+    """The NICs (host, rail) that are up but whose table has no route through them (only its blackhole)."""
+    up = {link.get("ifname"): link["index"] for link in ipr.get_links() if link["flags"] & IFF_UP}
+    routed = {
+        (route.get("table"), route.get_attr("RTA_OIF")) for route in ipr.route("dump", family=socket.AF_INET)
+    }
     return [
         (i, r)
         for i in range(shape.hosts)
         for r in range(shape.nics)
-        if shape.nic_netdev(i, r) in up and softroce.table(i, r) not in tables
+        if (netdev := shape.nic_netdev(i, r)) in up and (softroce.table(i, r), up[netdev]) not in routed
     ]
 
 

@@ -9,7 +9,9 @@ between two of them on lo: a rule per NIC, looked up before the local table, sen
 address through that NIC (a routing table of its own); permanent neighbours stand in for ARP between local
 addresses, and accept_local with no rp_filter let the receiving NIC take the packet (as the VM's own fabric
 does, shiftlab/rxe/network.py). Taking a NIC down flushes its table and neighbours; the route keeper
-(shiftlab.routekeeper) puts them back once it is up again.
+(shiftlab.routekeeper) puts them back once it is up again. Meanwhile a blackhole route in each NIC's table,
+behind its own, keeps the NIC's packets from falling through to the local table, where lo would deliver
+them: a NIC taken down carries nothing, as on a real host.
 
 What `build` changes beyond the lab's own netdevs (the local rule's place, all.rp_filter) is written to a
 record first, so that `destroy` puts the machine's routing back as it was, even after a failed build.
@@ -35,6 +37,7 @@ RULE_PREF = 20  # the lab's rules: after those of shiftlab/rxe/network.py (10-13
 LOCAL_PREF = 100  # where the local table's rule moves to (network.py moves it there too)
 TABLE_BASE = 21000  # routing table of host i's NIC r: TABLE_BASE + MAX_NICS * i + r
 TABLES = range(TABLE_BASE, TABLE_BASE + MAX_HOSTS * MAX_NICS)
+BLACKHOLE_METRIC = 1000  # behind the NIC's own route (metric 0), which wins while it is there
 MODULES = ("rdma_rxe", "ib_uverbs")  # the device, and the /dev/infiniband files libibverbs opens
 NIC_SYSCTLS = {"accept_local": "1", "rp_filter": "0", "arp_ignore": "1", "arp_announce": "2"}
 MGMT_SYSCTLS = {"arp_ignore": "1", "arp_announce": "2"}  # several hosts' ends on one subnet: answer for own
@@ -120,9 +123,10 @@ def route(shape: Shape, record_path: Path) -> None:
     for i in range(shape.hosts):
         for r in range(shape.nics):
             address, subnet = shape.rail_address(r, i), _subnet(shape, r)
-            commands.append(
-                f"rule add pref {RULE_PREF} iif lo from {address} to {subnet} lookup {table(i, r)}"
-            )
+            commands += [
+                f"rule add pref {RULE_PREF} iif lo from {address} to {subnet} lookup {table(i, r)}",
+                f"route replace blackhole {subnet} table {table(i, r)} metric {BLACKHOLE_METRIC}",
+            ]
     if _local_rule_prefs() == [0]:  # the local table must come after the lab's rules, not before them
         record.local_rule_moved = True
         record.save(record_path)
@@ -160,6 +164,10 @@ def destroy(record_path: Path) -> list[str]:
     commands = [f"rule del {rule}" for rule in rules]
     if rules:
         done.append(f"removed {len(rules)} policy routing rules")
+    tables = _tables()  # the blackholes: the NICs' own routes go with the NICs
+    commands += [f"route flush table {number}" for number in tables]
+    if tables:
+        done.append(f"flushed {len(tables)} routing tables")
     if record.local_rule_moved and 0 not in _local_rule_prefs():
         commands += ["rule add pref 0 lookup local", f"rule del pref {LOCAL_PREF} lookup local"]
         done.append("moved the local table's rule back to pref 0")
@@ -203,6 +211,14 @@ def _write_sysctls(netdev: str, values: dict[str, str]) -> None:
 def _rules() -> list[str]:
     """The lab's rules now in the kernel, as `ip rule del` arguments."""
     return [f"pref {pref} lookup {number}" for pref, number in _ipv4_rules() if number in TABLES]
+
+
+def _tables() -> list[int]:
+    """The lab's routing tables that hold a route now."""
+    with IPRoute() as ipr:
+        return sorted(
+            {n for route in ipr.route("dump", family=socket.AF_INET) if (n := route.get("table")) in TABLES}
+        )
 
 
 def _local_rule_prefs() -> list[int]:

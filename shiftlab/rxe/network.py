@@ -9,7 +9,9 @@ socket in the initial namespace only, so rxe on a veth moved into another namesp
 addresses of a pair are then local to one kernel, which would answer them on lo; policy routing sends a
 packet from one end to the other through the veth instead (a rule per direction, looked up before the
 local table), with accept_local and no rp_filter so that the receiving end takes it. Taking a veth down
-flushes its routes and neighbours, so `RouteKeeper` puts them back once the link is up again.
+flushes its routes and neighbours, so `RouteKeeper` puts them back once the link is up again. Meanwhile a
+blackhole route in each end's table (behind the veth's) keeps its packets from falling through to the
+local table, where lo would deliver them: a link taken down must carry nothing, as a cable pulled.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 PAIRS = 2
 TABLE_BASE = 100  # routing table of end n: TABLE_BASE + n
+BLACKHOLE_METRIC = 1000  # behind the veth's route (metric 0), which wins while it is there
 SYSFS_IB = Path("/sys/class/infiniband")
 BATCH = {"ip": ("-force", "-batch"), "rdma": ("-f", "-b")}  # each tool spells it its own way
 
@@ -75,6 +78,7 @@ def setup(timeout: float = 60.0) -> None:
         commands += [f"addr add {end.address}/24 dev {end.netdev}", f"link set {end.netdev} up"]
         rule = f"from {end.address} to {end.peer.address} lookup {end.table}"
         commands.append(f"rule add pref {10 + end.index} iif lo {rule}")
+        commands.append(f"route add blackhole {end.peer.address} table {end.table} metric {BLACKHOLE_METRIC}")
     # the local table after those rules, not before (pref 0) where it would answer every local address
     commands += ["rule add pref 100 lookup local", "rule del pref 0"]
     batch("ip", commands)
@@ -133,7 +137,7 @@ class RouteKeeper(threading.Thread):
     def run(self) -> None:
         while not self._halt.wait(self._period):
             present = sh("ip", "route", "show", "table", "all", check=False)
-            if any(f"table {end.table}" not in present for end in ENDS):
+            if any(f"dev {end.netdev} table {end.table}" not in present for end in ENDS):
                 repair()
 
     def stop(self) -> None:

@@ -54,6 +54,13 @@ def rx_packets(ns: str, ifname: str) -> int:
         return ipr.get_links(ifname=ifname)[0].get("IFLA_STATS64")["rx_packets"]
 
 
+def route_from(ns: str, source: str, destination: str) -> str | None:
+    """How a packet from `source` to `destination` would leave (`ip route get`); None: it would not."""
+    argv = ["ip", "-n", ns, "route", "get", destination, "from", source]
+    result = subprocess.run(argv, capture_output=True, text=True)
+    return result.stdout.split("\n")[0] if result.returncode == 0 else None
+
+
 def test_each_nic_reaches_its_rail_peer_through_the_cable(stand_in: str, tmp_path: Path) -> None:
     shape = Shape(f"sr{os.getpid()}", hosts=2, nics=2, provider="rxe")
     record = tmp_path / "softroce.json"
@@ -77,6 +84,7 @@ def test_each_nic_reaches_its_rail_peer_through_the_cable(stand_in: str, tmp_pat
 
     nic = shape.nic_netdev(0, 0)
     subprocess.run(["ip", "-n", stand_in, "link", "set", nic, "down"], check=True)
+    assert route_from(stand_in, shape.rail_address(0, 0), shape.rail_address(0, 1)) is None  # not on lo
     with IPRoute(netns=stand_in, flags=0) as ipr:
         assert routekeeper.missing(shape, ipr) == []  # down: nothing to put back yet
         subprocess.run(["ip", "-n", stand_in, "link", "set", nic, "up"], check=True)
@@ -101,6 +109,7 @@ def test_each_nic_reaches_its_rail_peer_through_the_cable(stand_in: str, tmp_pat
     done = inside(softroce.destroy, record)
     assert done == [
         "removed 4 policy routing rules",
+        "flushed 4 routing tables",
         "moved the local table's rule back to pref 0",
         "set net.ipv4.conf.all.rp_filter back to 1",
     ]
