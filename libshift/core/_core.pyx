@@ -290,8 +290,13 @@ cdef class QP:
         self.refuse_if_closed()
         c.sc_qp_to_init(self.ptr, access)
 
+    def connects(self, uint32_t remote_ip, uint32_t remote_qpn):
+        """Whether this side connects to that peer at RTR (the other accepts): only it needs a socket."""
+        self.refuse_if_closed()
+        return bool(c.sc_qp_connects(self.ptr, remote_ip, remote_qpn))
+
     def to_rtr(self, uint32_t remote_ip, uint32_t remote_qpn, uint32_t rq_psn, int min_rnr_timer, int fd):
-        """fd: a socket for the core to connect with, if this side connects (else it is closed)."""
+        """fd: a socket for the core to connect with if this side connects, else -1."""
         self.refuse_if_closed()
         c.sc_qp_to_rtr(self.ptr, remote_ip, remote_qpn, rq_psn, min_rnr_timer, fd)
 

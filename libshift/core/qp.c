@@ -97,10 +97,12 @@ static void refused(struct sc_qp *qp) {
     if (qp->sq_count && qp->state == SC_QPS_RTS) sc_req_fail_head(qp, WC_RETRY_EXC_ERR);
 }
 
-static int connects(const struct sc_qp *qp) {
-    /* one side connects, the other accepts: the smaller (address, QPN) connects */
-    return qp->local_ip < qp->remote_ip || (qp->local_ip == qp->remote_ip && qp->qpn < qp->remote_qpn);
+int sc_qp_connects(const sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn) {
+    /* one side connects, the other accepts: the smaller (address, QPN) connects (both are fixed at creation) */
+    return qp->local_ip < remote_ip || (qp->local_ip == remote_ip && qp->qpn < remote_qpn);
 }
+
+static int connects(const struct sc_qp *qp) { return sc_qp_connects(qp, qp->remote_ip, qp->remote_qpn); }
 
 static void connected(struct sc_qp *qp, int fd) {
     qp->conn = sc_conn_new(qp->ctx, qp, fd);

@@ -118,9 +118,11 @@ sc_qp *sc_qp_new(sc_pd *pd, sc_cq *send_cq, sc_cq *recv_cq, const struct sc_cap 
                  uint32_t qpn, uint32_t local_ip);
 int sc_qp_state(sc_qp *qp);
 void sc_qp_to_init(sc_qp *qp, uint32_t access);
-/* fd: a non-blocking socket bound to the device, or -1 when none could be made. The side with the smaller
- * (address, QPN) connects with it to the peer's port (remote_qpn >> 8); the other closes it and takes the
- * peer's connection from its listener. */
+/* Whether this QP connects to that peer at RTR: the side with the smaller (address, QPN) connects, to the
+ * peer's port (remote_qpn >> 8); the other takes the peer's connection from its listener. */
+int sc_qp_connects(const sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn);
+/* fd: a non-blocking socket bound to the device for the side that connects (sc_qp_connects), or -1 when
+ * none could be made or this side accepts; one given to the accepting side is closed. */
 void sc_qp_to_rtr(sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn, uint32_t rq_psn, uint8_t min_rnr_timer,
                   int fd);
 /* ack_timeout_ns 0: no deadline; the send PSN is taken when coming from RTR. */

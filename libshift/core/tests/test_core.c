@@ -267,6 +267,19 @@ static void test_a_wait_makes_its_own_completion(void) {
     sc_ctx_free(cb);
 }
 
+static void test_the_smaller_address_and_qpn_connects(void) {
+    sc_ctx *ctx = sc_ctx_new();
+    sc_pd *pd = sc_pd_new(ctx);
+    sc_cq *cq = sc_cq_new(ctx, 4, NULL, 0);
+    struct sc_cap cap = {1, 1, 1, 1, 4};
+    sc_qp *qp = sc_qp_new(pd, cq, cq, &cap, 0, 5, 0x7f000001);
+    CHECK(sc_qp_connects(qp, 0x7f000001, 6));  /* one address: the smaller QPN connects */
+    CHECK(!sc_qp_connects(qp, 0x7f000001, 4)); /* ... and the larger accepts */
+    CHECK(sc_qp_connects(qp, 0x7f000002, 1));  /* the smaller address connects, whatever the QPNs */
+    CHECK(!sc_qp_connects(qp, 0x7f000000, 9));
+    sc_ctx_free(ctx);
+}
+
 static void test_refusals(void) {
     sc_ctx *ctx = sc_ctx_new();
     sc_pd *pd = sc_pd_new(ctx);
@@ -456,6 +469,7 @@ int main(void) {
     test_keys_and_bounds();
     test_a_connected_pair();
     test_a_wait_makes_its_own_completion();
+    test_the_smaller_address_and_qpn_connects();
     test_refusals();
     test_qpns_name_listeners();
     test_timer_heap();

@@ -90,9 +90,10 @@ class TcpQP(ProviderQP):
 
     def _to_rtr(self, attr: QPAttr) -> None:
         peer = rtr_peer(self.qp_num, attr)
-        # the core connects with it if this side is the one that connects, else closes it
-        sock = self.ctx.new_socket().detach()
-        self.core.to_rtr(_ip(peer.address), peer.qpn, peer.psn & 0xFFFFFFFF, attr.min_rnr_timer, sock)
+        address = _ip(peer.address)
+        # one side connects (the core's rule), with a socket made in the device's namespace; the other accepts
+        sock = self.ctx.new_socket().detach() if self.core.connects(address, peer.qpn) else -1
+        self.core.to_rtr(address, peer.qpn, peer.psn & 0xFFFFFFFF, attr.min_rnr_timer, sock)
 
     def post_send(self, wr: SendWR) -> None:
         self.post_send_list((wr,))
