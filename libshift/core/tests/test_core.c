@@ -9,18 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "pair.h"
-
-static int passed, failed;
-
-#define CHECK(cond)                                                                                  \
-    do {                                                                                             \
-        if (cond) passed++;                                                                          \
-        else {                                                                                       \
-            failed++;                                                                                \
-            fprintf(stderr, "%s:%d: %s: check failed: %s\n", __FILE__, __LINE__, __func__, #cond);   \
-        }                                                                                            \
-    } while (0)
 
 static void test_wire_layout(void) {
     /* the bytes of struct.pack("!BBHIIIIQQQI", 0x5F, 4, 3, 7, 9, 0xAABBCCDD, 5, 0x1122334455667788, 1, 2, 6) */
@@ -267,12 +257,17 @@ static void test_a_wait_makes_its_own_completion(void) {
     sc_ctx_free(cb);
 }
 
-static void test_the_smaller_address_and_qpn_connects(void) {
-    sc_ctx *ctx = sc_ctx_new();
+/* QP 5 at 127.0.0.1 in a context of its own (one of each queue's entries, 4 inline bytes), not connected */
+static sc_qp *lone_qp(sc_ctx *ctx) {
     sc_pd *pd = sc_pd_new(ctx);
     sc_cq *cq = sc_cq_new(ctx, 4, NULL, 0);
     struct sc_cap cap = {1, 1, 1, 1, 4};
-    sc_qp *qp = sc_qp_new(pd, cq, cq, &cap, 0, 5, 0x7f000001);
+    return sc_qp_new(pd, cq, cq, &cap, 0, 5, 0x7f000001);
+}
+
+static void test_the_smaller_address_and_qpn_connects(void) {
+    sc_ctx *ctx = sc_ctx_new();
+    sc_qp *qp = lone_qp(ctx);
     CHECK(sc_qp_connects(qp, 0x7f000001, 6));  /* one address: the smaller QPN connects */
     CHECK(!sc_qp_connects(qp, 0x7f000001, 4)); /* ... and the larger accepts */
     CHECK(sc_qp_connects(qp, 0x7f000002, 1));  /* the smaller address connects, whatever the QPNs */
@@ -282,10 +277,7 @@ static void test_the_smaller_address_and_qpn_connects(void) {
 
 static void test_refusals(void) {
     sc_ctx *ctx = sc_ctx_new();
-    sc_pd *pd = sc_pd_new(ctx);
-    sc_cq *cq = sc_cq_new(ctx, 4, NULL, 0);
-    struct sc_cap cap = {1, 1, 1, 1, 4};
-    sc_qp *qp = sc_qp_new(pd, cq, cq, &cap, 0, 5, 0x7f000001);
+    sc_qp *qp = lone_qp(ctx);
     struct sc_sge sge[2] = {{0, 8, 0}, {0, 8, 0}};
     struct sc_send_wr wr = {.opcode = WR_SEND, .num_sge = 1, .sg = sge};
     struct sc_recv_wr rwr = {.num_sge = 2, .sg = sge};

@@ -14,17 +14,8 @@
 #include "../verbs_core.h"
 #include "pair.h"
 
-static int passed, failed;
-
-#define CHECK(cond)                                                                                  \
-    do {                                                                                             \
-        if (cond) passed++;                                                                          \
-        else {                                                                                       \
-            failed++;                                                                                \
-            fprintf(stderr, "%s:%d: %s: check failed: %s (%s)\n", __FILE__, __LINE__, __func__, #cond, \
-                    sv_error());                                                                     \
-        }                                                                                            \
-    } while (0)
+#define CHECK_DETAIL sv_error()
+#include "check.h"
 
 enum { WITH_IMM = WC_FLAG_WITH_IMM, QPS_INIT = SC_QPS_INIT, QPS_RTS = SC_QPS_RTS, QPS_ERR = SC_QPS_ERR };
 enum { ALL_ACCESS = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC };
