@@ -31,13 +31,12 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from shiftlab.fabric import MAX_HOSTS, MAX_NICS, PREFIXLEN, FabricError, Shape, nic_mac
-from shiftlab.rxe.network import SYSFS_IB
+from shiftlab.rxe.network import BLACKHOLE_METRIC, SYSFS_IB
 
 RULE_PREF = 20  # the lab's rules: after those of shiftlab/rxe/network.py (10-13), before the local table
 LOCAL_PREF = 100  # where the local table's rule moves to (network.py moves it there too)
 TABLE_BASE = 21000  # routing table of host i's NIC r: TABLE_BASE + MAX_NICS * i + r
 TABLES = range(TABLE_BASE, TABLE_BASE + MAX_HOSTS * MAX_NICS)
-BLACKHOLE_METRIC = 1000  # behind the NIC's own route (metric 0), which wins while it is there
 MODULES = ("rdma_rxe", "ib_uverbs")  # the device, and the /dev/infiniband files libibverbs opens
 NIC_SYSCTLS = {"accept_local": "1", "rp_filter": "0", "arp_ignore": "1", "arp_announce": "2"}
 MGMT_SYSCTLS = {"arp_ignore": "1", "arp_announce": "2"}  # several hosts' ends on one subnet: answer for own

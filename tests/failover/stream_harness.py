@@ -333,13 +333,9 @@ class Stream:
         """End both peers (if still running); after a failure, show what they said."""
         for peer in (self.sender, self.receiver):
             peer.end(grace=0)
-        if failed:
-            self.show_stderr()
-
-    def show_stderr(self) -> None:
-        """Print what the peers said (shown by pytest with a failure)."""
-        for peer in (self.sender, self.receiver):
-            print(f"--- {peer.host} stderr:\n{peer.stderr()}")
+        if failed:  # shown by pytest with the failure
+            for peer in (self.sender, self.receiver):
+                print(f"--- {peer.host} stderr:\n{peer.stderr()}")
 
 
 def assert_intact(sent: dict, received: dict) -> None:
@@ -428,13 +424,10 @@ def run_stream(
             assert stream.sender.read("state")["state"] == "fallback"
             time.sleep(0.5)  # traffic on the backup path
             sent, received = stream.finish()
-        cycle = ["fallback", "default"] * failbacks + ["fallback"]
-        try:
+            # checked in the stream's block, so that a failure shows what the peers logged
+            cycle = ["fallback", "default"] * failbacks + ["fallback"]
             assert_switched(sent, received, mode, cycle, qps)
             assert_reports(bed, failed_at, fault, len(cycle), qps)
-        except AssertionError:
-            stream.show_stderr()  # the peers have ended, but what they said explains the switches
-            raise
         return sent, received
     finally:
         if injected:
