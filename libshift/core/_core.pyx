@@ -16,6 +16,7 @@ from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
+cimport libshift.core.cfast as f
 cimport libshift.core.cshift as c
 
 from enum import IntEnum
@@ -396,3 +397,7 @@ def pack_header(int op, uint32_t seq, uint32_t length=0, *, uint16_t flags=0, ui
     hdr.rkey, hdr.imm, hdr.addr, hdr.arg1, hdr.arg2, hdr.ack = rkey, imm, addr, arg1, arg2, ack
     c.sc_wire_pack(&hdr, out)
     return bytes(out[:c.SC_WIRE_HEADER_SIZE])
+
+
+cdef const f.sc_dp *DATAPATH = &f.sc_dp_tcp
+include "fastpath.pxi"

@@ -16,6 +16,7 @@ from libc.stdlib cimport free, malloc
 from libc.errno cimport EIO, errno
 from libc.string cimport memcpy
 
+cimport libshift.core.cfast as f
 cimport libshift.core.cshift as c
 cimport libshift.core.cverbs as v
 
@@ -418,3 +419,7 @@ cdef class QP:
     def __dealloc__(self):
         if not self.closed and self.ptr is not NULL:
             v.sv_qp_free(self.ptr)
+
+
+cdef const f.sc_dp *DATAPATH = &f.sc_dp_verbs
+include "fastpath.pxi"

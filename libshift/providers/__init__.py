@@ -10,9 +10,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 from libshift.vocabulary.attrs import DeviceAttr, Endpoint, PortAttr, QPAttr, QPCap
 from libshift.vocabulary.enums import ibv_qp_state
+from libshift.vocabulary.errors import VerbsRDMAError
 from libshift.vocabulary.wr import WC, RecvWR, SendWR
 
 
@@ -54,6 +56,7 @@ class ProviderCQ(ABC):
     """A completion queue; `owner` is set by the verbs layer so a channel event can name the public CQ."""
 
     owner: object = None
+    native: object  # the core's CQ behind it
 
     @abstractmethod
     def poll(self, num_entries: int) -> list[WC]: ...
@@ -66,10 +69,14 @@ class ProviderCQ(ABC):
 
 
 class ProviderQP(ABC):
-    """An RC queue pair."""
+    """An RC queue pair; `refused` is the error for a post the core refused (POST_* `err`)."""
 
     qp_num: int
     cap: QPCap
+    native: object  # the core's QP behind it
+
+    @abstractmethod
+    def refused(self, err: int, wr: SendWR | RecvWR | None, send: bool) -> VerbsRDMAError: ...
 
     @property
     @abstractmethod
@@ -122,9 +129,11 @@ class ProviderPD(ABC):
 
 
 class ProviderContext(ABC):
-    """An opened device."""
+    """An opened device; `fastpath` is the core's module whose FastContext, FastCQ and FastQP run shift QPs
+    over this provider's CQs and QPs (their `native` objects)."""
 
     device: DeviceInfo
+    fastpath: ModuleType
 
     @abstractmethod
     def gid(self) -> str: ...

@@ -23,9 +23,9 @@ from libshift.shift import steps
 from libshift.shift.detect import EITHER_ASK_EVERY, device_usable
 from libshift.shift.inline import InlinePool
 from libshift.shift.keys import RemoteKeys
-from libshift.shift.paths import PATHS, PRIMARY
+from libshift.shift.paths import PATHS, PRIMARY, depth
 from libshift.shift.policy import backup_count, backup_devices
-from libshift.verbs import CQ, CompChannel, Context, VerbsError, get_device_list
+from libshift.verbs import CQ, WC, CompChannel, Context, VerbsError, get_device_list, ibv_wc_status
 
 if TYPE_CHECKING:
     from libshift.shift.cq import ShiftCQ
@@ -36,8 +36,6 @@ CONTROL_CQE = 1 << 16
 WATCH_PERIOD = 0.25  # the watcher also polls this often, so nothing waits on a missed wake-up
 SCAN_PERIOD = 0.01  # the backup watcher reads the QPs' control messages at most this often (and at least
 # every WATCH_PERIOD): with a thousand QPs a scan on every wake-up of a failover cost more than the failover
-BACKUP_PERIOD = 1e-3  # a poll looks at the backup path this often while it carries nothing ...
-BACKUP_HOT = 0.05  # ... and on every poll for this long after it last moved
 SERVE_GRACE = 0.01  # the default path's watcher keeps off its channel this long after an application wait
 HANDOFF = 1e-3  # the longest wait on a channel another thread may take our event from
 _told: set[str] = set()
@@ -67,7 +65,10 @@ class ShiftContext:
         self.lock = threading.RLock()
         self.lkeys: dict[str, dict[int, int]] = {}  # backup path -> (default lkey -> lkey on that path)
         self.inline = InlinePool(self.lkeys)  # copies of inline sends in flight on resilient QPs
-        self.cqs: list[ShiftCQ] = []
+        self.cqs: dict[int, ShiftCQ] = {}  # by id, the cookie the fast path names a CQ by
+        # the fast path (handover.py): it takes every provider completion, and hands what is not its own here
+        self.fastpath = self.primary.impl.fastpath
+        self.fast = self.fastpath.FastContext(1 + backup_count(), self.lock, self._deferred)
         self.qps: dict[tuple[str, int], ShiftQP] = {}
         self.doubtful: set[ShiftQP] = set()  # QPs holding an error completion in doubt (doubt.py)
         self.agent: Agent | None = None
@@ -76,7 +77,6 @@ class ShiftContext:
         self.control_cqs: dict[str, CQ] = {}  # per backup path: the receive CQ of its QPs (notifications)
         self._closing = threading.Event()
         self._watchers: list[threading.Thread] = []
-        self._backup_next = self._backup_hot = 0.0  # see progress()
         self._scanned = 0.0  # when the backup watcher last read the control messages
         self._servers: set[int] = set()  # application threads waiting on the default path's channel
         self._served = -WATCH_PERIOD  # when the last of them stopped waiting
@@ -116,6 +116,7 @@ class ShiftContext:
             self.path_of[ctx.name] = path
             self.lkeys[path] = {}
             control_cqs[path] = CQ(ctx, control_cqe(ctx), channel=self.watch(path))
+            self.fast.set_control(depth(path), control_cqs[path].impl.native)
         self.control_cqs = control_cqs  # whole: the watchers started above read it
         self.keys = RemoteKeys(self.agent, len(self.backups))
         self.agent.add_listener(self._on_nic)
@@ -132,47 +133,36 @@ class ShiftContext:
     # -- progress ------------------------------------------------------------------------------------------
 
     def progress(self, everything: bool = False) -> None:
-        """Take the completions out of the provider CQs and hand each to its QP.
+        """Take the completions out of the provider CQs: the fast path's pass (fast_ctx.c).
 
         A provider CQ found empty costs a pass of its device's engine; the backup path's CQs (the twins and
         the control CQ) made a busy poll cost three passes where a bare CQ costs one. So, unless told to look
-        at `everything` (the watchers, woken by the backup path), a poll looks at the backup path only while
-        it carries traffic (it moved in the last BACKUP_HOT s) and otherwise every BACKUP_PERIOD.
+        at `everything` (the watchers, woken by the backup path), a pass looks at the backup path only while
+        it carries traffic (it moved in the last 50 ms) and otherwise every millisecond. What is not the
+        fast path's own comes to _deferred, under the lock."""
+        self.fast.progress(everything)
 
-        The lock is taken per batch of completions, not for the whole pass: when a thousand QPs switch at
-        once, the application posts on the QPs already resumed while the others are still being handled."""
-        now = time.monotonic()
-        backup = bool(self.backups) and (everything or now >= self._backup_next)
-        moved = False
-        for cq in list(self.cqs):
-            self._drain(cq.primary, PRIMARY)
-            if backup:
-                for path in self.backups:
-                    moved |= self._drain(cq.on[path], path)
-        if backup:
-            for path, control in self.control_cqs.items():
-                moved |= self._drain(control, path)
-        if moved:
-            self._backup_hot = now + BACKUP_HOT
-        if backup:
-            self._backup_next = now + (0.0 if now < self._backup_hot else BACKUP_PERIOD)
+    def drain(self, cq: ShiftCQ | None, path: str) -> None:
+        """Take the completions of one path of `cq` (None: the path's control CQ)."""
+        self.fast.drain(None if cq is None else cq.fast, depth(path))
 
-    def drain(self, cq: CQ, path: str) -> None:
-        self._drain(cq, path)
-
-    def _drain(self, cq: CQ, path: str) -> bool:
-        """Hand every completion of `cq` to its QP, a batch at a time under the lock; whether any came."""
-        got = False
-        while True:
-            with self.lock:
-                count, wcs = cq.poll(32)
-                for wc in wcs:
-                    qp = self.qps.get((path, wc.qp_num))
-                    if qp is not None:
-                        qp.on_wc(wc, path)
-            got = got or count > 0
-            if count < 32:
-                return got
+    def _deferred(self, kind: int, path: int, cookie: int, wc: WC) -> None:
+        """What the fast path hands over (under the lock): a completion for the failover layer, a QP that
+        overflowed its CQ, an armed CQ's event."""
+        if kind == self.fastpath.DEFER_NOTIFY:
+            cq = self.cqs.get(cookie)
+            if cq is not None:
+                cq.raise_event()
+            return
+        qp = self.qps.get((PATHS[path], wc.qp_num))
+        if qp is None:
+            return
+        if kind == self.fastpath.DEFER_OVERFLOW:
+            qp.fail()  # as on an RNIC: the QP goes to ERR and the rest flushes (into the lost CQ)
+            return
+        if not isinstance(wc.status, ibv_wc_status):
+            wc.status = ibv_wc_status.IBV_WC_GENERAL_ERR
+        qp.on_wc(wc, PATHS[path])
 
     # -- blocking waits ------------------------------------------------------------------------------------
 
@@ -184,7 +174,7 @@ class ShiftContext:
         Returns at once when `ready()` (after a progress pass); False, without waiting, while traffic is on
         the backup path, whose watcher then raises the events."""
         channel = self.channels.get(PRIMARY)
-        if channel is None or time.monotonic() < self._backup_hot:
+        if channel is None or self.fast.backup_hot:
             return False
         me = threading.get_ident()
         with self.lock:
@@ -279,7 +269,7 @@ class ShiftContext:
 
     def _armable(self, path: str) -> list[CQ]:
         """The provider CQs of `path` that report to its watcher's channel."""
-        found = [cq.on[path] for cq in self.cqs if cq.channel is not None]
+        found = [cq.on[path] for cq in self.cqs.values() if cq.channel is not None]
         control = self.control_cqs.get(path)
         return found if control is None else [*found, control]
 
@@ -333,6 +323,7 @@ class ShiftContext:
         self._closing.set()
         for watcher in self._watchers:
             watcher.join(timeout=2)
+        self.fast.close()
         if self.agent is not None:
             self.agent.remove_listener(self._on_nic)
             self.agent.remove_path_source(self.paths)

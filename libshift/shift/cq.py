@@ -1,9 +1,10 @@
 """ShiftCQ and ShiftCompChannel: the application's completion queue over all its paths, and blocking waits.
 
-A ShiftCQ has a provider CQ on each device; polling it makes the context take every completion out of the
-provider CQs and hand it to its QP, which releases completions to the application in posting order. The
-provider CQs have room to spare (CQ_SLACK), so the ShiftCQ itself holds the application to its `cqe`, as an
-RNIC's CQ does: more than `cqe` completions released and not polled overflow it, for good (the completion is
+A ShiftCQ has a provider CQ on each device; polling it makes the context's fast path (the core's,
+handover.py) take every completion out of the provider CQs and hand it to its QP, which releases
+completions to the application in posting order, in C while the QP is in its steady state. The provider
+CQs have room to spare (CQ_SLACK), so the ShiftCQ itself holds the application to its `cqe`, as an RNIC's
+CQ does: more than `cqe` completions released and not polled overflow it, for good (the completion is
 lost, poll raises CQOverflowError, the QP that released it goes to ERR), the same error as without shift.
 """
 
@@ -15,7 +16,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from libshift.shift.paths import PRIMARY
-from libshift.verbs import CQ, WC, CQOverflowError, VerbsError, VerbsRDMAError
+from libshift.verbs import CQ, WC, VerbsError, VerbsRDMAError
 
 if TYPE_CHECKING:
     from libshift.shift.context import ShiftContext
@@ -40,57 +41,47 @@ class ShiftCQ:
         self.ctx = ctx
         self.cqe = cqe
         self.channel = channel
-        self._armed = False
         watched = channel is not None
         self.on = {
             path: CQ(device, cqe + CQ_SLACK, channel=ctx.watch(path) if watched else None)
             for path, device in ctx.devices.items()
         }
         self.primary = self.on[PRIMARY]
-        self.ready: deque[WC] = deque()
-        self.overflowed = False
         with ctx.lock:
-            ctx.cqs.append(self)
+            natives = [cq.impl.native for cq in self.on.values()]
+            self.fast = ctx.fastpath.FastCQ(ctx.fast, cqe, natives, id(self))
+            ctx.cqs[id(self)] = self
 
     def push(self, wc: WC) -> bool:
         """A completion released to the application; False once the CQ has overflowed (the completion is
         lost, as on an RNIC). An armed CQ tells its channel (once per arming), of an overflow too: a
         waiter must wake to meet the error."""
-        if self.overflowed or len(self.ready) >= self.cqe:
-            self.overflowed = True
-        else:
-            self.ready.append(wc)
-        if self._armed and self.channel is not None:
-            self._armed = False
+        ok, notify = self.fast.push(wc)
+        if notify:
+            self.raise_event()
+        return bool(ok)
+
+    def raise_event(self) -> None:
+        if self.channel is not None:
             self.channel.notify(self)
-        return not self.overflowed
 
     def req_notify(self, solicited_only: bool = False) -> None:
         """Arm: the next completion released to this CQ raises an event on its channel (any completion:
         solicited_only is accepted and treated as False)."""
         if self.channel is None:
             raise VerbsRDMAError("req_notify needs a CQ created with a completion channel")
-        with self.ctx.lock:
-            self._armed = True
+        self.fast.arm()
 
     def ack_events(self, num_events: int = 1) -> None:
         """Accepted for pyverbs compatibility; events need no acknowledgement here."""
 
     def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:
-        self.ctx.progress()
-        if not self.ready and not self.overflowed:  # the common busy poll: no second trip through the lock
-            return 0, []
-        with self.ctx.lock:
-            if self.overflowed:
-                raise CQOverflowError(f"CQ overflow: more than {self.cqe} completions were not polled")
-            count = min(num_entries, len(self.ready))
-            wcs = [self.ready.popleft() for _ in range(count)]
-        return count, wcs
+        return self.fast.poll(num_entries)  # a pass of the context's progress, then what is ready
 
     def close(self) -> None:
         with self.ctx.lock:
-            if self in self.ctx.cqs:
-                self.ctx.cqs.remove(self)
+            self.ctx.cqs.pop(id(self), None)
+            self.fast.close()  # before the provider CQs it reads
         for cq in reversed(self.on.values()):
             cq.close()
 

@@ -81,11 +81,12 @@ class InlinePool:
         """Slots holding the bytes of a send not yet done."""
         return sum(shelf.taken for shelf in self._shelves.values())
 
-    def keep(self, wr: SendWR, pds: dict[str, PD], size: int) -> Slot | None:
+    def keep(self, wr: SendWR, pds: dict[str, PD], size: int, data: bytes | None = None) -> Slot | None:
         """Copy the bytes `wr` gathers into a slot of `size` bytes in `pds` (path -> PD of the QP's paths)
         and point `wr` at it.
 
-        The bytes are read from the SGEs' addresses, as libibverbs reads an inline send's. None (`wr` kept
+        The bytes are read from the SGEs' addresses, as libibverbs reads an inline send's, or are `data`
+        (the fast path's copy, taken when it was posted, handover.py). None (`wr` kept
         as it is) when there is nothing to copy, when they do not fit (the provider has refused such a
         send, or will when it is posted), or when an SGE's lkey is none of this context's MRs: such a WR
         could not go on the backup path anyway, and its address may not be memory at all.
@@ -99,8 +100,10 @@ class InlinePool:
         if shelf is None:
             shelf = self._shelves[(pds[PRIMARY], size)] = Shelf(pds, size, self._lkeys)
         slot = shelf.take()
+        if data is not None:
+            ctypes.memmove(slot.addr, data, length)
         at = slot.addr
-        for sge in sg:
+        for sge in sg if data is None else ():
             ctypes.memmove(at, sge.addr, sge.length)
             at += sge.length
         wr.sg = [SGE(slot.addr, length, slot.lkey)]

@@ -15,14 +15,19 @@ import logging
 from typing import TYPE_CHECKING
 
 from libshift.agent import AgentError
-from libshift.shift import notify
+from libshift.core._core import FAST_NEW_RKEY as NEW_RKEY
+from libshift.core._core import FAST_NOT_FAST as NOT_FAST
+from libshift.core._core import FAST_POSTED as POSTED
+from libshift.core._core import FAST_QUEUE_FULL as QUEUE_FULL
+from libshift.shift import handover, notify
 from libshift.shift.cq import ShiftCQ
 from libshift.shift.detect import Verdict, default_path_attr, judge
 from libshift.shift.doubt import Doubt
 from libshift.shift.memory import ShiftPD
+from libshift.shift.pathqp import PathQP
 from libshift.shift.paths import BACKUP, PRIMARY, depth
 from libshift.shift.rearm import Rearm
-from libshift.shift.rewind import REMOTE_KEYED, Entry, Ledger
+from libshift.shift.rewind import REMOTE_KEYED, WC_OPCODE, Entry, Ledger
 from libshift.shift.states import HELD, Send, State, States, Transition
 from libshift.shift.switch import Switcher
 from libshift.verbs import (
@@ -51,6 +56,7 @@ SIGNALED = int(FLAGS.IBV_SEND_SIGNALED)
 PEER_WAIT = 10.0  # how long connect waits for the peer's backup to be published
 CONTROL_ACCESS = ACCESS.IBV_ACCESS_LOCAL_WRITE | ACCESS.IBV_ACCESS_REMOTE_WRITE
 ST = enums.ibv_wc_status
+RECV = enums.ibv_wc_opcode.IBV_WC_RECV
 
 
 class ShiftQP:
@@ -66,9 +72,14 @@ class ShiftQP:
         self.sig_all = init_attr.sq_sig_all
         cap = init_attr.cap  # room for the control WRs (count, message, probe; the control receive):
         room = dataclasses.replace(cap, max_send_wr=cap.max_send_wr + 3, max_recv_wr=cap.max_recv_wr + 1)
-        self.qps: dict[str, QP] = {
-            PRIMARY: QP(pd.primary, QPInitAttr(scq=scq.primary, rcq=rcq.primary, cap=room))
-        }
+        primary = QP(pd.primary, QPInitAttr(scq=scq.primary, rcq=rcq.primary, cap=room))
+        sizes = (cap.max_send_wr, cap.max_recv_wr, max(cap.max_send_sge, cap.max_recv_sge))
+        self.fast = self.ctx.fastpath.FastQP(
+            self.ctx.fast, scq.fast, rcq.fast, (*sizes, primary.cap.max_inline_data), bool(self.sig_all)
+        )
+        self.fast_owned = False  # whether the fast path holds the ledger (handover.py)
+        self.fast.add_path(0, primary.impl.native, primary.qp_num)
+        self.qps: dict[str, PathQP] = {PRIMARY: PathQP(primary, self.fast, 0)}
         self.controls: dict[str, MR] = {}
         self.ledger = Ledger()
         self.states = States()
@@ -94,7 +105,11 @@ class ShiftQP:
         ctx = self.ctx
         assert ctx.agent is not None
         backups = {
-            path: QP(pd.on[path], QPInitAttr(scq=scq.on[path], rcq=ctx.control_cqs[path], cap=room))
+            path: PathQP(
+                QP(pd.on[path], QPInitAttr(scq=scq.on[path], rcq=ctx.control_cqs[path], cap=room)),
+                self.fast,
+                depth(path),
+            )
             for path in ctx.backups
         }
         controls = {path: MR(pd.on[path], notify.CONTROL_BYTES, CONTROL_ACCESS) for path in pd.on}
@@ -112,9 +127,10 @@ class ShiftQP:
         self.controls = controls
         for path, qp in backups.items():
             ctx.qps[(path, qp.qp_num)] = self
+            self.fast.add_path(depth(path), qp.impl.native, qp.qp_num)
 
     @property
-    def primary(self) -> QP:
+    def primary(self) -> PathQP:
         return self.qps[PRIMARY]
 
     # -- the verbs surface ---------------------------------------------------------------------------------
@@ -162,7 +178,12 @@ class ShiftQP:
         self.to_rts(attr)
 
     def post_send(self, wr: SendWR) -> None:
+        got = self.fast.post_send(wr)
+        if got != NOT_FAST:
+            self._fast_posted(got, wr, send=True)
+            return
         with self.ctx.lock:
+            handover.take(self)
             if len(self.ledger.sq.entries) >= self.cap.max_send_wr:
                 raise VerbsRDMAError(f"QP {self.qp_num}: send queue full", errno.ENOMEM)
             entry = self.ledger.add_send(wr, self.sig_all)
@@ -172,15 +193,36 @@ class ShiftQP:
                 # the application may reuse the buffer once we return: a replay must send today's bytes
                 pds = {path: qp.pd for path, qp in self.qps.items()}
                 entry.slot = self.ctx.inline.keep(entry.wr, pds, self.primary.cap.max_inline_data)
+            handover.give(self)
 
     def post_recv(self, wr: RecvWR) -> None:
+        got = self.fast.post_recv(wr)
+        if got != NOT_FAST:
+            self._fast_posted(got, wr, send=False)
+            return
         with self.ctx.lock:
+            handover.take(self)
             if len(self.ledger.rq.entries) >= self.cap.max_recv_wr:
                 raise VerbsRDMAError(f"QP {self.qp_num}: receive queue full", errno.ENOMEM)
             self._post_or_drop(self.ledger.add_recv(wr))
+            handover.give(self)
+
+    def _fast_posted(self, got: int, wr: SendWR | RecvWR, send: bool) -> None:
+        """What the fast path said of a post it took: done, or the refusal to raise."""
+        if got == POSTED:
+            return
+        if got == NEW_RKEY:  # fetch the peer's backup keys now, so that a switch finds them
+            assert isinstance(wr, SendWR) and self.ctx.keys is not None and self.remote is not None
+            self.ctx.keys.prefetch(self.remote.gid, wr.rkey)
+            return
+        if got == QUEUE_FULL:
+            which = "send" if send else "receive"
+            raise VerbsRDMAError(f"QP {self.qp_num}: {which} queue full", errno.ENOMEM)
+        raise self.primary.impl.refused(self.fast.refusal, wr, send)
 
     def close(self) -> None:
         with self.ctx.lock:
+            self.fast.close()  # before the provider QPs it posts on
             for path, qp in self.qps.items():
                 self.ctx.qps.pop((path, qp.qp_num), None)
             self.doubt.end(surface=False)  # a closed QP's completions go nowhere
@@ -225,6 +267,7 @@ class ShiftQP:
         for path in peers:
             self.arm(path)
         self.states.step(Transition.CONNECT)
+        handover.give(self)
 
     def arm(self, path: str) -> None:
         """(Re)connect `path` towards the peer's QP on it, with the control receive at the head."""
@@ -284,6 +327,7 @@ class ShiftQP:
 
     def on_wc(self, wc: WC, path: str) -> None:
         """A provider completion of one of our QPs (called with the context lock held)."""
+        handover.take(self)
         if wc.wr_id in notify.CONTROL_IDS:
             self._on_control(wc, path)
             return
@@ -291,6 +335,8 @@ class ShiftQP:
         if entry is None:
             return
         ok, stale = wc.status == ST.IBV_WC_SUCCESS, entry.path != path
+        if not ok:  # ibverbs leaves an error completion's opcode undefined: the WR's stands in
+            wc.opcode = WC_OPCODE[entry.wr.opcode] if isinstance(entry.wr, SendWR) else RECV
         if not ok and (stale or self.states.send is Send.STOPPING):  # a path being left: still outstanding
             entry.failed_with = entry.failed_with or wc.status
             return
@@ -367,6 +413,7 @@ class ShiftQP:
 
     def break_off(self) -> None:
         """From now on errors reach the application as the provider reports them; held WRs flush."""
+        handover.take(self)
         if self.states.send is Send.BROKEN:
             return
         self.states.step(Transition.BREAK)

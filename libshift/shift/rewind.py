@@ -9,7 +9,6 @@ its bytes (a slot of the context's InlinePool, inline.py), given back when the e
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -79,14 +78,14 @@ class Ledger:
         self.sq = WorkQueue()
         self.rq = WorkQueue()
         self.by_id: dict[int, Entry] = {}
-        self._ids = itertools.count(1)
+        self.next_id = 1  # shared with the fast path's ledger (handover.py)
         self.sent_two_sided = 0  # two-sided sends posted by the application so far
         self.received = 0  # two-sided messages received (receives completed successfully)
 
     def add_send(self, wr: SendWR, sig_all: bool) -> Entry:
         signaled = sig_all or bool(int(wr.send_flags) & SIGNALED)
         own = wr.copy_with(wr.wr_id, list(wr.sges()), wr.send_flags, wr.rkey)  # the application may reuse wr
-        entry = Entry(next(self._ids), own, signaled)
+        entry = Entry(self.new_id(), own, signaled)
         if wr.opcode in TWO_SIDED:
             entry.index = self.sent_two_sided
             self.sent_two_sided += 1
@@ -95,10 +94,14 @@ class Ledger:
         return entry
 
     def add_recv(self, wr: RecvWR) -> Entry:
-        entry = Entry(next(self._ids), RecvWR(wr.wr_id, None, list(wr.sges())))
+        entry = Entry(self.new_id(), RecvWR(wr.wr_id, None, list(wr.sges())))
         self.rq.entries.append(entry)
         self.by_id[entry.wr_id] = entry
         return entry
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
 
     def drop(self, entry: Entry) -> None:
         """Forget an entry the provider refused at post time."""

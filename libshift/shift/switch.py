@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from libshift.notices import SwitchKind, SwitchReport
-from libshift.shift import notify, steps
+from libshift.shift import handover, notify, steps
 from libshift.shift.paths import PRIMARY
 from libshift.shift.states import AWAITING_COUNT, SWITCHABLE, Send, State, Transition
 
@@ -55,6 +55,7 @@ class Switcher:
     def switch_to(self, to: str, reason: str) -> None:
         """Leave the current path: stop it, keep what completed, move the receives, send our count."""
         qp, ctx = self.qp, self.qp.ctx
+        handover.take(qp)
         if to == qp.current or qp.states.send not in SWITCHABLE or not qp.armed[to]:
             return
         started, left, resumed = time.monotonic(), qp.current, qp.states.send not in AWAITING_COUNT
@@ -63,9 +64,9 @@ class Switcher:
         qp.doubt.end(surface=False)  # what it held failed on the path left: settled with the rest
         qp.qps[left].to_err()  # nothing more lands on the old path: our receive count is final
         for cq in {qp.send_cq, qp.recv_cq}:
-            ctx.drain(cq.on[left], left)
+            ctx.drain(cq, left)
         if left != PRIMARY:
-            ctx.drain(ctx.control_cqs[left], left)
+            ctx.drain(None, left)  # its control CQ
         if qp.states.send is Send.BROKEN:
             return  # a completion drained overflowed the application's CQ: nothing to switch any more
         steps.note(qp.qp_num, "old_path_stopped")
@@ -141,6 +142,7 @@ class Switcher:
                 time_unix_nanos=time.time_ns(),
             )
         )
+        handover.give(qp)
 
     # -- the failback's fence (DESIGN's WAIT_SIGNALED) -----------------------------------------------------
 

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../fastpath.h"
 #include "check.h"
 #include "pair.h"
 
@@ -455,6 +456,66 @@ static void test_timer_heap(void) {
     sc_ctx_free(ctx);
 }
 
+/* The fast path over the tcp engine: posts and completions in posting order with the application's
+ * wr_ids, an error completion handed to Python (deferred, the ledger given up), and the ledger's
+ * hand-over out and back. */
+static void test_the_fast_path(void) {
+    static uint8_t ma[256], mb[256];
+    struct duo d = duo_new(ma, sizeof ma, mb, sizeof mb, ACCESS_LOCAL_WRITE);
+    sf_ctx *ctx = sf_ctx_new(&sc_dp_tcp, 1);
+    void *cqs_a[1] = {d.qa}, *cqs_b[1] = {d.qb};
+    sf_cq *fa = sf_cq_new(ctx, 8, cqs_a, 1), *fb = sf_cq_new(ctx, 8, cqs_b, 2);
+    sf_qp *a = sf_qp_new(ctx, fa, fa, 4, 4, 2, 16, 0), *b = sf_qp_new(ctx, fb, fb, 4, 4, 2, 16, 0);
+    CHECK(sf_qp_add_path(a, 0, d.a, 1) == 0 && sf_qp_add_path(b, 0, d.b, 2) == 0);
+    sf_qp_import_done(a, 1, 0, 0);
+    sf_qp_import_done(b, 1, 0, 0);
+    enum sc_post_error err = SC_POST_OK;
+    struct sc_sge sa = {(uint64_t)(uintptr_t)ma, 8, sc_mr_lkey(d.ra)}, sb = {(uint64_t)(uintptr_t)mb, 8,
+                                                                          sc_mr_lkey(d.rb)};
+    for (uint64_t i = 0; i < 3; i++) {
+        struct sc_recv_wr r = {.wr_id = 100 + i, .num_sge = 1, .sg = &sb};
+        CHECK(sf_qp_post_recv(b, &r, &err) == SF_POSTED);
+    }
+    for (uint64_t i = 0; i < 3; i++) { /* the middle one unsignaled: it completes unseen */
+        struct sc_send_wr s = {.wr_id = 7 + i, .opcode = WR_SEND, .send_flags = i == 1 ? 0 : SEND_SIGNALED,
+                               .num_sge = 1, .sg = &sa};
+        CHECK(sf_qp_post_send(a, &s, &err) == SF_POSTED);
+    }
+    struct sc_wc got[4];
+    int sent = 0, received = 0;
+    for (int i = 0; i < 20000 && (sent < 2 || received < 3); i++) {
+        sf_ctx_progress(ctx, 0);
+        sent += sf_cq_take(fa, 4 - sent, &got[sent]);
+        received += sf_cq_take(fb, 1, &got[3]) == 1 && got[3].wr_id == (uint64_t)(100 + received);
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(sent == 2 && got[0].wr_id == 7 && got[1].wr_id == 9 && got[1].qp_num == 1);
+    CHECK(received == 3 && sf_qp_mode(a) == SF_MODE_FAST && !sf_ctx_has_deferred(ctx));
+    struct sc_recv_wr r = {.wr_id = 200, .num_sge = 1, .sg = &sb};
+    CHECK(sf_qp_post_recv(b, &r, &err) == SF_POSTED);
+    struct sf_ledger_view view;
+    sf_qp_export(b, &view); /* to Python and back, as a switch's end hands it */
+    CHECK(view.rq_count == 1 && view.rq[0].wr.wr_id == 200 && view.received == 3 && view.next_id == 5);
+    struct sf_entry kept = view.rq[0];
+    CHECK(sf_qp_post_recv(b, &r, &err) == SF_NOT_FAST);
+    CHECK(sf_qp_import(b, &kept) == 0);
+    sf_qp_import_done(b, view.next_id, view.sent_two_sided, view.received);
+    sc_qp_to_err(d.b); /* its receive flushes: an error, which is the failover layer's */
+    struct sf_deferred item = {0};
+    for (int i = 0; i < 20000 && !sf_ctx_has_deferred(ctx); i++)
+        sf_ctx_progress(ctx, 0);
+    CHECK(sf_ctx_next_deferred(ctx, &item) == 1 && item.kind == SF_DEFER_WC && item.wc.wr_id == kept.id);
+    CHECK(item.wc.status == WC_WR_FLUSH_ERR && sf_qp_mode(b) == SF_MODE_PYTHON);
+    sf_qp_free(a);
+    sf_qp_free(b);
+    sf_cq_free(fa);
+    sf_cq_free(fb);
+    sf_ctx_free(ctx);
+    sc_ctx_free(d.ca);
+    sc_ctx_free(d.cb);
+}
+
 int main(void) {
     test_wire_layout();
     test_wire_refuses_what_it_cannot_frame();
@@ -465,6 +526,7 @@ int main(void) {
     test_refusals();
     test_qpns_name_listeners();
     test_timer_heap();
+    test_the_fast_path();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

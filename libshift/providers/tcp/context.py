@@ -32,6 +32,8 @@ LIMITS = DeviceAttr(max_cqe=(1 << 22) - 1, max_sge=64, max_qp_wr=1 << 15)
 
 
 class TcpContext(ProviderContext):
+    fastpath = _core
+
     def __init__(self, device: DeviceInfo) -> None:
         self.device = device
         self.address = netdev_ipv4(device.netdev, device.netns)
@@ -123,6 +125,10 @@ class TcpCQ(ProviderCQ):
         self._ctx = ctx
         self.cqe = cqe
         self.core = _core.CQ(ctx.core, cqe, None if channel is None else channel.core, id(self))
+
+    @property
+    def native(self) -> _core.CQ:
+        return self.core
 
     def poll(self, num_entries: int) -> list[WC]:
         wcs = self.core.poll(num_entries)

@@ -59,6 +59,10 @@ class TcpQP(ProviderQP):
             raise
 
     @property
+    def native(self) -> _core.QP:
+        return self.core
+
+    @property
     def state(self) -> ibv_qp_state:
         return S(self.core.state)
 
@@ -101,7 +105,7 @@ class TcpQP(ProviderQP):
     def post_send_list(self, wrs: Sequence[SendWR]) -> None:
         err, posted = self.core.post_send(wrs)
         if err != _core.POST_OK:
-            raise self._refusal(err, wrs[posted] if posted < len(wrs) else None, send=True)
+            raise self.refused(err, wrs[posted] if posted < len(wrs) else None, send=True)
 
     def post_recv(self, wr: RecvWR) -> None:
         self.post_recv_list((wr,))
@@ -109,9 +113,9 @@ class TcpQP(ProviderQP):
     def post_recv_list(self, wrs: Sequence[RecvWR]) -> None:
         err, posted = self.core.post_recv(wrs)
         if err != _core.POST_OK:
-            raise self._refusal(err, wrs[posted] if posted < len(wrs) else None, send=False)
+            raise self.refused(err, wrs[posted] if posted < len(wrs) else None, send=False)
 
-    def _refusal(self, err: int, wr: SendWR | RecvWR | None, send: bool) -> VerbsRDMAError:
+    def refused(self, err: int, wr: SendWR | RecvWR | None, send: bool) -> VerbsRDMAError:
         return refusal(err, self.qp_num, self.cap, self.state.name, wr, send)
 
     def close(self) -> None:

@@ -38,6 +38,8 @@ log = logging.getLogger("libshift.providers.verbs")
 
 
 class VerbsContext(ProviderContext):
+    fastpath = _verbs
+
     def __init__(self, device: DeviceInfo, sysfs_root: Path = Path("/sys")) -> None:
         self.device = device
         self.sysfs_root = sysfs_root

@@ -60,6 +60,10 @@ class VerbsCQ(ProviderCQ):
         else:
             ctx.adopt(self, channel)
 
+    @property
+    def native(self) -> _verbs.CQ:
+        return self.cq
+
     def poll(self, num_entries: int) -> list[WC]:
         if self.closed:
             raise VerbsRDMAError(f"{self.ctx.device.name}: poll_cq on a closed CQ")

@@ -106,6 +106,10 @@ class VerbsQP(ProviderQP):
         with native(f"QP {self.qp_num}: modify_qp to ERR"):
             self.qp.to_err()
 
+    @property
+    def native(self) -> _verbs.QP:
+        return self.qp
+
     def post_send(self, wr: SendWR) -> None:
         self.post_send_list((wr,))
 
@@ -116,7 +120,7 @@ class VerbsQP(ProviderQP):
                 opcode = convert.WC_OPCODE[ibv_wr_opcode(wr.opcode)]
                 self._sends.setdefault(wr.wr_id, deque()).append(opcode)
         if err != _verbs.POST_OK:
-            raise self._refusal(err, wrs[posted] if posted < len(wrs) else None, send=True)
+            raise self.refused(err, wrs[posted] if posted < len(wrs) else None, send=True)
 
     def post_recv(self, wr: RecvWR) -> None:
         self.post_recv_list((wr,))
@@ -126,9 +130,9 @@ class VerbsQP(ProviderQP):
         for wr in wrs[:posted]:
             self._recvs[wr.wr_id] += 1
         if err != _verbs.POST_OK:
-            raise self._refusal(err, wrs[posted] if posted < len(wrs) else None, send=False)
+            raise self.refused(err, wrs[posted] if posted < len(wrs) else None, send=False)
 
-    def _refusal(self, err: int, wr: SendWR | RecvWR | None, send: bool) -> VerbsRDMAError:
+    def refused(self, err: int, wr: SendWR | RecvWR | None, send: bool) -> VerbsRDMAError:
         state = S(self.qp.last_state).name
         return refusal(err, self.qp_num, self.cap, state, wr, send, _verbs.error())
 

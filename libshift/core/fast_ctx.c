@@ -1,0 +1,200 @@
+/* The fast path's context: which QP a provider completion belongs to, the CQs a pass of progress reads,
+ * the backup paths' schedule, and the deferred queue of what Python must see. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fast_internal.h"
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+sf_ctx *sf_ctx_new(const struct sc_dp *dp, int paths) {
+    if (paths < 1 || paths > SF_PATHS)
+        return NULL;
+    sf_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return NULL;
+    ctx->dp = dp;
+    ctx->paths = paths;
+    return ctx;
+}
+
+void sf_ctx_free(sf_ctx *ctx) {
+    if (!ctx)
+        return;
+    free(ctx->cqs);
+    free(ctx->table);
+    free(ctx->deferred);
+    free(ctx);
+}
+
+void sf_ctx_set_control(sf_ctx *ctx, int path, void *cq) {
+    if (path > 0 && path < ctx->paths)
+        ctx->control[path] = cq;
+}
+
+/* -- the QP table ---------------------------------------------------------------------------------------- */
+
+static uint32_t key_of(int path, uint32_t qpn) { return (uint32_t)path << 24 | (qpn & 0xFFFFFF); }
+
+static struct sf_qp_slot *slot_of(sf_ctx *ctx, uint32_t key) {
+    uint32_t mask = ctx->table_cap - 1;
+    for (uint32_t i = (key * 2654435761u) & mask;; i = (i + 1) & mask)
+        if (ctx->table[i].key == key || ctx->table[i].key == 0)
+            return &ctx->table[i];
+}
+
+static int grow_table(sf_ctx *ctx) {
+    struct sf_qp_slot *old = ctx->table;
+    uint32_t old_cap = ctx->table_cap;
+    uint32_t cap = old_cap ? old_cap * 2 : 64;
+    ctx->table = calloc(cap, sizeof *ctx->table);
+    if (!ctx->table) {
+        ctx->table = old;
+        return -1;
+    }
+    ctx->table_cap = cap;
+    ctx->table_used = 0;
+    for (uint32_t i = 0; i < old_cap; i++)
+        if (old[i].qp) { /* removed slots are left behind */
+            *slot_of(ctx, old[i].key) = old[i];
+            ctx->table_used++;
+        }
+    free(old);
+    return 0;
+}
+
+sf_qp *sf_ctx_lookup(sf_ctx *ctx, int path, uint32_t qpn) {
+    if (!ctx->table_cap)
+        return NULL;
+    return slot_of(ctx, key_of(path, qpn))->qp;
+}
+
+int sf_ctx_register(sf_ctx *ctx, int path, uint32_t qpn, sf_qp *qp) {
+    if ((ctx->table_used + 1) * 2 > ctx->table_cap && grow_table(ctx))
+        return -1;
+    struct sf_qp_slot *slot = slot_of(ctx, key_of(path, qpn));
+    if (slot->key == 0)
+        ctx->table_used++;
+    slot->key = key_of(path, qpn);
+    slot->qp = qp;
+    return 0;
+}
+
+void sf_ctx_unregister(sf_ctx *ctx, int path, uint32_t qpn) {
+    if (ctx->table_cap)
+        slot_of(ctx, key_of(path, qpn))->qp = NULL; /* the key stays: later probes go past it */
+}
+
+/* -- the CQs a pass reads ----------------------------------------------------------------------------------- */
+
+int sf_ctx_add_cq(sf_ctx *ctx, sf_cq *cq) {
+    if (ctx->ncqs == ctx->cqs_cap) {
+        uint32_t cap = ctx->cqs_cap ? ctx->cqs_cap * 2 : 8;
+        sf_cq **grown = realloc(ctx->cqs, cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        ctx->cqs = grown;
+        ctx->cqs_cap = cap;
+    }
+    ctx->cqs[ctx->ncqs++] = cq;
+    return 0;
+}
+
+void sf_ctx_remove_cq(sf_ctx *ctx, sf_cq *cq) {
+    for (uint32_t i = 0; i < ctx->ncqs; i++)
+        if (ctx->cqs[i] == cq) {
+            memmove(&ctx->cqs[i], &ctx->cqs[i + 1], (ctx->ncqs - i - 1) * sizeof *ctx->cqs);
+            ctx->ncqs--;
+            return;
+        }
+}
+
+/* -- the deferred queue ------------------------------------------------------------------------------------- */
+
+int sf_ctx_defer(sf_ctx *ctx, const struct sf_deferred *item) {
+    if (ctx->deferred_count == ctx->deferred_cap) {
+        uint32_t cap = ctx->deferred_cap ? ctx->deferred_cap * 2 : 64;
+        struct sf_deferred *grown = malloc(cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        for (uint32_t i = 0; i < ctx->deferred_count; i++)
+            grown[i] = ctx->deferred[(ctx->deferred_head + i) % ctx->deferred_cap];
+        free(ctx->deferred);
+        ctx->deferred = grown;
+        ctx->deferred_cap = cap;
+        ctx->deferred_head = 0;
+    }
+    ctx->deferred[(ctx->deferred_head + ctx->deferred_count++) % ctx->deferred_cap] = *item;
+    return 0;
+}
+
+int sf_ctx_next_deferred(sf_ctx *ctx, struct sf_deferred *out) {
+    if (!ctx->deferred_count)
+        return 0;
+    *out = ctx->deferred[ctx->deferred_head];
+    ctx->deferred_head = (ctx->deferred_head + 1) % ctx->deferred_cap;
+    ctx->deferred_count--;
+    return 1;
+}
+
+int sf_ctx_has_deferred(const sf_ctx *ctx) { return ctx->deferred_count > 0; }
+
+int sf_ctx_backup_hot(const sf_ctx *ctx) { return now_ns() < ctx->backup_hot; }
+
+/* -- progress ----------------------------------------------------------------------------------------------- */
+
+/* Every completion of one provider CQ to its QP; 1 if any came, -1 if the CQ overflowed. */
+static int drain(sf_ctx *ctx, void *provider_cq, int path) {
+    struct sc_wc wcs[SF_POLL_BATCH];
+    int got = 0, n;
+    if (!provider_cq)
+        return 0;
+    do {
+        n = ctx->dp->cq_poll(provider_cq, SF_POLL_BATCH, wcs);
+        if (n < 0)
+            return -1;
+        for (int i = 0; i < n; i++) {
+            sf_qp *qp = sf_ctx_lookup(ctx, path, wcs[i].qp_num);
+            if (qp)
+                sf_qp_complete(qp, path, &wcs[i]);
+        }
+        got |= n > 0;
+    } while (n == SF_POLL_BATCH);
+    return got;
+}
+
+int sf_ctx_drain(sf_ctx *ctx, sf_cq *cq, int path) {
+    if (path < 0 || path >= ctx->paths)
+        return 0;
+    return drain(ctx, cq ? cq->on[path] : ctx->control[path], path);
+}
+
+int sf_ctx_progress(sf_ctx *ctx, int everything) {
+    int64_t now = now_ns();
+    int backup = ctx->paths > 1 && (everything || now >= ctx->backup_next);
+    int moved = 0, overflow = 0, got;
+    for (uint32_t i = 0; i < ctx->ncqs; i++) {
+        sf_cq *cq = ctx->cqs[i];
+        overflow |= drain(ctx, cq->on[0], 0) < 0;
+        for (int path = 1; backup && path < ctx->paths; path++) {
+            got = drain(ctx, cq->on[path], path);
+            overflow |= got < 0;
+            moved |= got > 0;
+        }
+    }
+    for (int path = 1; backup && path < ctx->paths; path++) {
+        got = drain(ctx, ctx->control[path], path);
+        overflow |= got < 0;
+        moved |= got > 0;
+    }
+    if (moved)
+        ctx->backup_hot = now + SF_BACKUP_HOT_NS;
+    if (backup)
+        ctx->backup_next = now + (now < ctx->backup_hot ? 0 : SF_BACKUP_PERIOD_NS);
+    return overflow ? -1 : 0;
+}

@@ -1,0 +1,233 @@
+/* A shift QP's fast mode: posting on the default path with the ledger kept here, its completions taken
+ * and released in posting order, and the hand-over of the ledger to the Python failover layer and back. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fast_internal.h"
+#include "internal.h" /* ibverbs' numbers */
+
+static int two_sided(uint32_t opcode) {
+    return opcode == WR_SEND || opcode == WR_SEND_IMM || opcode == WR_RDMA_WRITE_IMM;
+}
+
+static int remote_keyed(uint32_t opcode) { return opcode != WR_SEND && opcode != WR_SEND_IMM; }
+
+sf_qp *sf_qp_new(sf_ctx *ctx, sf_cq *send_cq, sf_cq *recv_cq, uint32_t max_send_wr, uint32_t max_recv_wr,
+                 uint32_t max_sge, uint32_t max_inline, int sig_all) {
+    sf_qp *qp = calloc(1, sizeof *qp);
+    if (!qp)
+        return NULL;
+    qp->ctx = ctx;
+    qp->send_cq = send_cq;
+    qp->recv_cq = recv_cq;
+    qp->sig_all = sig_all;
+    qp->next_id = 1;
+    if (sf_queue_init(&qp->sq, max_send_wr, max_sge, max_inline) || sf_queue_init(&qp->rq, max_recv_wr, max_sge, 0)) {
+        sf_qp_free(qp);
+        return NULL;
+    }
+    return qp;
+}
+
+int sf_qp_add_path(sf_qp *qp, int path, void *provider_qp, uint32_t qpn) {
+    if (path < 0 || path >= qp->ctx->paths || sf_ctx_register(qp->ctx, path, qpn, qp))
+        return -1;
+    qp->on[path] = provider_qp;
+    qp->qpn[path] = qpn;
+    return 0;
+}
+
+void sf_qp_free(sf_qp *qp) {
+    if (!qp)
+        return;
+    for (int path = 0; path < SF_PATHS; path++)
+        if (qp->on[path])
+            sf_ctx_unregister(qp->ctx, path, qp->qpn[path]);
+    sf_queue_fini(&qp->sq);
+    sf_queue_fini(&qp->rq);
+    free(qp);
+}
+
+int sf_qp_mode(const sf_qp *qp) { return qp->mode; }
+
+uint32_t sf_qp_inline_kept(sf_qp *qp) {
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < qp->sq.count; i++)
+        kept += sf_queue_at(&qp->sq, i)->inline_len > 0;
+    return kept;
+}
+
+/* -- posting ------------------------------------------------------------------------------------------------ */
+
+/* Whether the QP has used rkey before; if not, it is remembered (the oldest of SF_SEEN_RKEYS forgotten). */
+static int seen_rkey(sf_qp *qp, uint32_t rkey) {
+    for (uint32_t i = 0; i < qp->seen; i++)
+        if (qp->seen_rkeys[i] == rkey)
+            return 1;
+    qp->seen_rkeys[qp->seen_next] = rkey;
+    qp->seen_next = (qp->seen_next + 1) % SF_SEEN_RKEYS;
+    if (qp->seen < SF_SEEN_RKEYS)
+        qp->seen++;
+    return 0;
+}
+
+/* An inline send's bytes, read where the provider has just read them from (it accepted the post). */
+static void keep_inline(struct sf_queue *q, struct sf_entry *e) {
+    uint32_t length = 0;
+    for (uint32_t i = 0; i < e->wr.num_sge; i++)
+        length += e->wr.sg[i].length;
+    if (!length || length > q->max_inline)
+        return;
+    uint8_t *at = e->inline_copy;
+    for (uint32_t i = 0; i < e->wr.num_sge; i++) {
+        memcpy(at, (const void *)(uintptr_t)e->wr.sg[i].addr, e->wr.sg[i].length);
+        at += e->wr.sg[i].length;
+    }
+    e->inline_len = length;
+}
+
+enum sf_post sf_qp_post_send(sf_qp *qp, const struct sc_send_wr *wr, enum sc_post_error *err) {
+    if (qp->mode != SF_MODE_FAST)
+        return SF_NOT_FAST;
+    struct sf_entry *e = sf_queue_reserve(&qp->sq);
+    if (!e)
+        return SF_QUEUE_FULL;
+    if (sf_entry_fill(&qp->sq, e, wr)) {
+        *err = SC_POST_SGES;
+        return SF_REFUSED;
+    }
+    struct sc_send_wr provider = e->wr;
+    provider.wr_id = qp->next_id;
+    provider.send_flags |= SEND_SIGNALED; /* every WR's fate must be known here */
+    int posted = 0;
+    *err = qp->ctx->dp->post_send(qp->on[0], &provider, 1, &posted);
+    if (*err != SC_POST_OK)
+        return SF_REFUSED;
+    e->id = qp->next_id++;
+    e->is_send = e->posted = 1;
+    e->signaled = qp->sig_all || (wr->send_flags & SEND_SIGNALED);
+    if (two_sided(wr->opcode))
+        e->index = qp->sent_two_sided++;
+    if (wr->send_flags & SEND_INLINE)
+        keep_inline(&qp->sq, e);
+    qp->sq.count++;
+    return remote_keyed(wr->opcode) && !seen_rkey(qp, wr->rkey) ? SF_POSTED_NEW_RKEY : SF_POSTED;
+}
+
+enum sf_post sf_qp_post_recv(sf_qp *qp, const struct sc_recv_wr *wr, enum sc_post_error *err) {
+    if (qp->mode != SF_MODE_FAST)
+        return SF_NOT_FAST;
+    struct sf_entry *e = sf_queue_reserve(&qp->rq);
+    if (!e)
+        return SF_QUEUE_FULL;
+    struct sc_send_wr as_send = {.wr_id = wr->wr_id, .num_sge = wr->num_sge, .sg = wr->sg};
+    if (sf_entry_fill(&qp->rq, e, &as_send)) {
+        *err = SC_POST_SGES;
+        return SF_REFUSED;
+    }
+    struct sc_recv_wr provider = {.wr_id = qp->next_id, .num_sge = wr->num_sge, .sg = e->wr.sg};
+    int posted = 0;
+    *err = qp->ctx->dp->post_recv(qp->on[0], &provider, 1, &posted);
+    if (*err != SC_POST_OK)
+        return SF_REFUSED;
+    e->id = qp->next_id++;
+    e->posted = e->signaled = 1;
+    qp->rq.count++;
+    return SF_POSTED;
+}
+
+enum sc_post_error sf_qp_post_raw_send(sf_qp *qp, int path, const struct sc_send_wr *wrs, int n, int *posted) {
+    *posted = 0;
+    if (path < 0 || path >= SF_PATHS || !qp->on[path])
+        return SC_POST_STATE;
+    return qp->ctx->dp->post_send(qp->on[path], wrs, n, posted);
+}
+
+enum sc_post_error sf_qp_post_raw_recv(sf_qp *qp, int path, const struct sc_recv_wr *wrs, int n, int *posted) {
+    *posted = 0;
+    if (path < 0 || path >= SF_PATHS || !qp->on[path])
+        return SC_POST_STATE;
+    return qp->ctx->dp->post_recv(qp->on[path], wrs, n, posted);
+}
+
+/* -- completions -------------------------------------------------------------------------------------------- */
+
+static void defer_wc(sf_qp *qp, int path, const struct sc_wc *wc) {
+    struct sf_deferred item = {.kind = SF_DEFER_WC, .path = (uint32_t)path, .wc = *wc};
+    sf_ctx_defer(qp->ctx, &item);
+}
+
+static void push(sf_qp *qp, sf_cq *cq, const struct sc_wc *wc, int *overflowed) {
+    int notify = 0;
+    *overflowed |= sf_cq_push(cq, wc, &notify) < 0;
+    if (notify) {
+        struct sf_deferred item = {.kind = SF_DEFER_NOTIFY, .cookie = cq->cookie};
+        sf_ctx_defer(qp->ctx, &item);
+    }
+}
+
+/* Hand the application every completion at the heads of the queues, in posting order. */
+static void release(sf_qp *qp) {
+    int overflowed = 0;
+    struct sf_entry *e;
+    while ((e = sf_queue_pop_done(&qp->sq)))
+        if (e->signaled || e->wc.status)
+            push(qp, qp->send_cq, &e->wc, &overflowed);
+    while ((e = sf_queue_pop_done(&qp->rq)))
+        push(qp, qp->recv_cq, &e->wc, &overflowed);
+    if (overflowed) { /* the QP must fail, as on an RNIC: that is the failover layer's to do */
+        qp->mode = SF_MODE_PYTHON;
+        struct sf_deferred item = {.kind = SF_DEFER_OVERFLOW, .wc = {.qp_num = qp->qpn[0]}};
+        sf_ctx_defer(qp->ctx, &item);
+    }
+}
+
+void sf_qp_complete(sf_qp *qp, int path, const struct sc_wc *wc) {
+    if (qp->mode != SF_MODE_FAST || path != 0 || wc->status || wc->wr_id >= SF_CONTROL_IDS) {
+        qp->mode = SF_MODE_PYTHON; /* something for the failover layer: the ledger goes to it */
+        defer_wc(qp, path, wc);
+        return;
+    }
+    int is_recv = (wc->opcode & WCO_RECV) != 0;
+    struct sf_entry *e = sf_queue_find(is_recv ? &qp->rq : &qp->sq, wc->wr_id);
+    if (!e || e->done)
+        return; /* none of ours any more (as the Python ledger drops an id it no longer has) */
+    e->done = 1;
+    e->wc = *wc;
+    e->wc.wr_id = e->wr.wr_id;
+    e->wc.qp_num = qp->qpn[0];
+    if (is_recv)
+        qp->received++;
+    release(qp);
+}
+
+/* -- hand-over ---------------------------------------------------------------------------------------------- */
+
+void sf_qp_export(sf_qp *qp, struct sf_ledger_view *out) {
+    out->sq_count = sf_queue_export(&qp->sq);
+    out->rq_count = sf_queue_export(&qp->rq);
+    out->sq = qp->sq.scratch;
+    out->rq = qp->rq.scratch;
+    out->next_id = qp->next_id;
+    out->sent_two_sided = qp->sent_two_sided;
+    out->received = qp->received;
+    qp->mode = SF_MODE_PYTHON;
+}
+
+int sf_qp_import(sf_qp *qp, const struct sf_entry *entry) {
+    if (qp->mode != SF_MODE_PYTHON)
+        return -1;
+    return sf_queue_import(entry->is_send ? &qp->sq : &qp->rq, entry);
+}
+
+void sf_qp_import_done(sf_qp *qp, uint64_t next_id, int64_t sent_two_sided, int64_t received) {
+    qp->next_id = next_id;
+    qp->sent_two_sided = sent_two_sided;
+    qp->received = received;
+    qp->mode = SF_MODE_FAST;
+}
+
+void sf_qp_import_abort(sf_qp *qp) {
+    qp->sq.head = qp->sq.count = 0;
+    qp->rq.head = qp->rq.count = 0;
+}

@@ -1,0 +1,125 @@
+/* The steady state of a shift QP in C (issue 18's item 3, its first step): posting on the default path,
+ * taking its completions and releasing them to the application's CQ in posting order, behind one call
+ * each, over either backend's data path (datapath.h).
+ *
+ * A shift QP's ledger (every application WR until its completion is handed over) is owned either here
+ * (the fast mode: connected, on the default path, nothing unusual) or by the Python failover layer
+ * (libshift.shift), which hands it over both ways: sf_qp_export before it acts, sf_qp_import_* when the
+ * QP is back in its steady state. Anything unusual met here (an error completion, a control WR's
+ * completion, one from another path, a full application CQ) gives the ledger up at once and leaves the
+ * completion, in order, in the context's deferred queue for Python. An armed CQ's event goes there too.
+ *
+ * Every call is made with the interpreter lock held (the Cython face never releases it around these):
+ * that lock is what serializes them, so nothing here locks. The backends' objects are passed as void *.
+ */
+#ifndef SHIFT_CORE_FASTPATH_H
+#define SHIFT_CORE_FASTPATH_H
+
+#include <stdint.h>
+
+#include "datapath.h"
+
+#define SF_PATHS 8                    /* the default path and up to seven backups (libshift.shift.paths) */
+#define SF_CONTROL_IDS (1ull << 62)   /* wr_ids at or above this are the failover layer's control WRs */
+#define SF_POLL_BATCH 32
+#define SF_BACKUP_PERIOD_NS 1000000   /* a pass looks at the backup paths this often while they are idle */
+#define SF_BACKUP_HOT_NS 50000000     /* ... and on every pass for this long after they last moved */
+
+typedef struct sf_ctx sf_ctx;
+typedef struct sf_cq sf_cq;
+typedef struct sf_qp sf_qp;
+
+enum sf_mode { SF_MODE_PYTHON = 0, SF_MODE_FAST = 1 };
+
+/* What waits for Python in the deferred queue. */
+enum sf_deferred_kind {
+    SF_DEFER_WC = 0,       /* a provider completion of `path` for the failover layer */
+    SF_DEFER_OVERFLOW = 1, /* the QP (wc.qp_num, its default QPN) overflowed its CQ: it must fail */
+    SF_DEFER_NOTIFY = 2,   /* the armed CQ `cookie` got a completion: tell its channel */
+};
+
+struct sf_deferred {
+    uint32_t kind, path;
+    uint64_t cookie;
+    struct sc_wc wc;
+};
+
+/* What sf_qp_post_* says. */
+enum sf_post {
+    SF_POSTED = 0,
+    SF_POSTED_NEW_RKEY = 1, /* posted; its rkey is one this QP had not used before (fetch its backups) */
+    SF_NOT_FAST = 2,        /* the ledger is Python's: post there */
+    SF_QUEUE_FULL = 3,      /* the application's max_send_wr / max_recv_wr */
+    SF_REFUSED = 4,         /* the backend refused it (*err says why); nothing is kept */
+};
+
+/* One application WR as the ledger keeps it (the Python Ledger's Entry). */
+struct sf_entry {
+    uint64_t id;      /* ours, what the provider sees */
+    struct sc_send_wr wr; /* the application's (wr.sg is this entry's own copy of its SGEs) */
+    int is_send, signaled, posted, done;
+    int64_t index;    /* position among two-sided sends, -1 for others */
+    uint32_t failed_with; /* the error it got on a path since left (0: none) */
+    uint32_t inline_len;  /* bytes of an inline send kept in `inline_copy` (0: none) */
+    uint8_t *inline_copy;
+    struct sc_wc wc;  /* once done: the completion to hand over */
+};
+
+sf_ctx *sf_ctx_new(const struct sc_dp *dp, int paths);
+void sf_ctx_free(sf_ctx *ctx);
+/* A backup path's control CQ (its WCs always go to Python). */
+void sf_ctx_set_control(sf_ctx *ctx, int path, void *cq);
+/* Take completions out of every provider CQ and hand each on; the backup paths on their schedule unless
+ * `everything`. -1 if a provider CQ overflowed, else 0. */
+int sf_ctx_progress(sf_ctx *ctx, int everything);
+/* Drain one path of one CQ (cq NULL: that path's control CQ). */
+int sf_ctx_drain(sf_ctx *ctx, sf_cq *cq, int path);
+/* The oldest deferred item into *out: 1, or 0 when there is none. */
+int sf_ctx_next_deferred(sf_ctx *ctx, struct sf_deferred *out);
+int sf_ctx_has_deferred(const sf_ctx *ctx);
+/* Whether a backup path carried traffic within SF_BACKUP_HOT_NS. */
+int sf_ctx_backup_hot(const sf_ctx *ctx);
+
+/* A CQ of cqe entries over one provider CQ per path; cookie names it in SF_DEFER_NOTIFY. */
+sf_cq *sf_cq_new(sf_ctx *ctx, uint32_t cqe, void *const *path_cqs, uint64_t cookie);
+void sf_cq_free(sf_cq *cq);
+/* A completion released to the application: 0, or -1 once the CQ has overflowed (it is lost). *notify
+ * says an armed CQ was disarmed by it: its channel must be told. */
+int sf_cq_push(sf_cq *cq, const struct sc_wc *wc, int *notify);
+/* Up to n released completions, oldest first; -1 once the CQ has overflowed. */
+int sf_cq_take(sf_cq *cq, int n, struct sc_wc *out);
+uint32_t sf_cq_ready(const sf_cq *cq);
+void sf_cq_arm(sf_cq *cq);
+
+/* A QP: its application caps and sq_sig_all; the provider QPs are added per path. */
+sf_qp *sf_qp_new(sf_ctx *ctx, sf_cq *send_cq, sf_cq *recv_cq, uint32_t max_send_wr, uint32_t max_recv_wr,
+                 uint32_t max_sge, uint32_t max_inline, int sig_all);
+/* The provider QP of `path`, numbered qpn: its completions come to this QP (path 0's qpn is the QP's). */
+int sf_qp_add_path(sf_qp *qp, int path, void *provider_qp, uint32_t qpn);
+void sf_qp_free(sf_qp *qp);
+int sf_qp_mode(const sf_qp *qp);
+/* Sends whose inline bytes the ledger keeps here (for a replay). */
+uint32_t sf_qp_inline_kept(sf_qp *qp);
+enum sf_post sf_qp_post_send(sf_qp *qp, const struct sc_send_wr *wr, enum sc_post_error *err);
+enum sf_post sf_qp_post_recv(sf_qp *qp, const struct sc_recv_wr *wr, enum sc_post_error *err);
+/* Posts on a path's provider QP as they are (the failover layer's own posts, in either mode). */
+enum sc_post_error sf_qp_post_raw_send(sf_qp *qp, int path, const struct sc_send_wr *wrs, int n, int *posted);
+enum sc_post_error sf_qp_post_raw_recv(sf_qp *qp, int path, const struct sc_recv_wr *wrs, int n, int *posted);
+
+/* Hand-over. Export: the ledger's entries, send queue first, each in posting order (valid until the next
+ * call on this QP), and the counters; the QP is Python's from then on. */
+struct sf_ledger_view {
+    const struct sf_entry *sq, *rq; /* each a copy, in order */
+    uint32_t sq_count, rq_count;
+    uint64_t next_id;
+    int64_t sent_two_sided, received;
+};
+void sf_qp_export(sf_qp *qp, struct sf_ledger_view *out);
+/* Import, entry by entry in posting order, then sf_qp_import_done with the counters: fast from then on.
+ * 0, or -1 when an entry does not fit (more SGEs or inline bytes than the caps): the QP stays Python's. */
+int sf_qp_import(sf_qp *qp, const struct sf_entry *entry);
+void sf_qp_import_done(sf_qp *qp, uint64_t next_id, int64_t sent_two_sided, int64_t received);
+/* Forget what sf_qp_import took (the import failed half-way). */
+void sf_qp_import_abort(sf_qp *qp);
+
+#endif

@@ -1,0 +1,283 @@
+# The Cython face of the fast path of shift QPs (fastpath.h), included by _core.pyx and _verbs.pyx after
+# their CQ and QP classes, with DATAPATH (the backend's data-path table) in scope; it needs `c` (cshift),
+# `f` (cfast), wc_of, SendWRs, RecvWRs and sge_array (face.pxi). Every call keeps the interpreter lock,
+# which is what serializes the fast path (fastpath.h). A closed object does nothing.
+
+from libc.stdint cimport int64_t
+
+from libshift.vocabulary.errors import CQOverflowError
+from libshift.vocabulary.wr import SGE, WC
+
+FAST_POSTED, FAST_NEW_RKEY, FAST_NOT_FAST, FAST_QUEUE_FULL, FAST_REFUSED = range(5)
+DEFER_WC, DEFER_OVERFLOW, DEFER_NOTIFY = range(3)
+DEF FAST_BATCH = 64
+
+
+cdef c.sc_wc wc_to_c(object wc):
+    cdef c.sc_wc w
+    w.wr_id, w.status, w.opcode, w.qp_num = wc.wr_id, int(wc.status), int(wc.opcode), wc.qp_num
+    w.byte_len, w.imm_data, w.wc_flags, w.src_qp = wc.byte_len, wc.imm_data, wc.wc_flags, wc.src_qp
+    return w
+
+
+cdef class FastContext:
+    """The fast path of a ShiftContext's QPs: `handler(kind, path, cookie, wc)` is called, under `lock`,
+    for each deferred item (a completion for the failover layer, a QP that overflowed its CQ, an armed CQ's
+    event), in the order they happened."""
+    cdef f.sf_ctx *ptr
+    cdef object lock, handler
+    cdef list controls  # the control CQs the context reads: kept alive while it may
+    cdef int children  # FastCQs and FastQPs not yet closed: the C context goes after the last of them
+    cdef bint closing
+
+    def __cinit__(self, int paths, object lock, object handler):
+        self.ptr = f.sf_ctx_new(DATAPATH, paths)
+        if self.ptr is NULL:
+            raise MemoryError()
+        self.lock, self.handler, self.controls = lock, handler, []
+
+    def set_control(self, int path, CQ cq):
+        """The control CQ of backup `path`: every completion on it is the failover layer's."""
+        f.sf_ctx_set_control(self.ptr, path, <void *>cq.ptr)
+        self.controls.append(cq)
+
+    def progress(self, bint everything=False):
+        """Take the provider CQs' completions (the backup paths' on their schedule unless `everything`)."""
+        if self.ptr is NULL or self.closing:
+            return
+        if f.sf_ctx_progress(self.ptr, everything) < 0:
+            raise CQOverflowError("CQ overflow: a provider CQ behind a ShiftCQ overflowed")
+        if f.sf_ctx_has_deferred(self.ptr):
+            self.hand_over()
+
+    def drain(self, FastCQ cq, int path):
+        """Take the completions of one path of `cq` (None: that path's control CQ)."""
+        if self.ptr is NULL:
+            return
+        if f.sf_ctx_drain(self.ptr, NULL if cq is None else cq.ptr, path) < 0:
+            raise CQOverflowError("CQ overflow: a provider CQ behind a ShiftCQ overflowed")
+        if f.sf_ctx_has_deferred(self.ptr):
+            self.hand_over()
+
+    def hand_over(self):
+        """Hand every deferred item to the handler, oldest first."""
+        cdef f.sf_deferred item
+        with self.lock:
+            while self.ptr is not NULL and f.sf_ctx_next_deferred(self.ptr, &item):
+                self.handler(item.kind, item.path, item.cookie, wc_of(&item.wc))
+
+    @property
+    def backup_hot(self):
+        """Whether a backup path carried traffic lately (a pass reads it every time meanwhile)."""
+        return self.ptr is not NULL and f.sf_ctx_backup_hot(self.ptr)
+
+    cdef void adopt(self):
+        self.children += 1
+
+    cdef void release(self):
+        self.children -= 1
+        if self.closing and not self.children:
+            self.close()
+
+    def close(self):
+        """No more progress; the C context is freed once its CQs and QPs are closed too."""
+        self.closing = True
+        self.controls = []
+        if self.ptr is not NULL and not self.children:
+            f.sf_ctx_free(self.ptr)
+            self.ptr = NULL
+
+
+cdef class FastCQ:
+    """An application CQ over one provider CQ per path (`path_cqs`, this backend's CQs)."""
+    cdef f.sf_cq *ptr
+    cdef FastContext ctx
+    cdef list path_cqs
+    cdef readonly uint32_t cqe
+
+    def __cinit__(self, FastContext ctx, uint32_t cqe, list path_cqs, uint64_t cookie):
+        cdef void *on[f.SF_PATHS]
+        cdef int i
+        if ctx.ptr is NULL or ctx.closing or not 0 < len(path_cqs) <= f.SF_PATHS:
+            raise ValueError("a FastCQ needs an open FastContext and a CQ per path")
+        for i in range(f.SF_PATHS):
+            on[i] = <void *>(<CQ>path_cqs[i]).ptr if i < len(path_cqs) else NULL
+        self.ptr = f.sf_cq_new(ctx.ptr, cqe, on, cookie)
+        if self.ptr is NULL:
+            raise MemoryError()
+        self.ctx, self.path_cqs, self.cqe = ctx, path_cqs, cqe
+        ctx.adopt()
+
+    def push(self, wc):
+        """Release `wc` to the application: (False once the CQ has overflowed, whether to tell the channel)."""
+        cdef c.sc_wc w = wc_to_c(wc)
+        cdef int notify = 0
+        if self.ptr is NULL:
+            return False, False
+        ok = f.sf_cq_push(self.ptr, &w, &notify) == 0
+        return ok, bool(notify)
+
+    def arm(self):
+        if self.ptr is not NULL:
+            f.sf_cq_arm(self.ptr)
+
+    def poll(self, int num_entries):
+        """(count, WCs) after a pass of the context's progress, as ShiftCQ.poll returns them."""
+        cdef c.sc_wc wcs[FAST_BATCH]
+        cdef int got, i
+        if self.ptr is NULL:
+            return 0, []
+        self.ctx.progress()
+        out = []
+        while num_entries > 0:
+            got = f.sf_cq_take(self.ptr, min(num_entries, FAST_BATCH), wcs)
+            if got < 0:
+                raise CQOverflowError(f"CQ overflow: more than {self.cqe} completions were not polled")
+            for i in range(got):
+                out.append(wc_of(&wcs[i]))
+            num_entries -= got
+            if got < FAST_BATCH:
+                break
+        return len(out), out
+
+    def close(self):
+        if self.ptr is not NULL:
+            f.sf_cq_free(self.ptr)
+            self.ptr = NULL
+            self.ctx.release()
+        self.path_cqs = []
+
+
+cdef class FastQP:
+    """A shift QP's fast mode and its posts on any path (this backend's QPs, added per path)."""
+    cdef f.sf_qp *ptr
+    cdef FastContext ctx
+    cdef list path_qps
+    cdef public int refusal  # why the last post was refused (POST_*)
+
+    def __cinit__(self, FastContext ctx, FastCQ send_cq, FastCQ recv_cq, tuple caps, bint sig_all):
+        cdef uint32_t max_send_wr, max_recv_wr, max_sge, max_inline
+        max_send_wr, max_recv_wr, max_sge, max_inline = caps
+        if ctx.ptr is NULL or ctx.closing:
+            raise ValueError("a FastQP needs an open FastContext")
+        self.ptr = f.sf_qp_new(ctx.ptr, send_cq.ptr, recv_cq.ptr, max_send_wr, max_recv_wr, max_sge, max_inline,
+                               sig_all)
+        if self.ptr is NULL:
+            raise MemoryError()
+        self.ctx, self.path_qps = ctx, []
+        ctx.adopt()
+
+    def add_path(self, int path, QP qp, uint32_t qpn):
+        if f.sf_qp_add_path(self.ptr, path, <void *>qp.ptr, qpn):
+            raise MemoryError()
+        self.path_qps.append(qp)
+
+    @property
+    def fast(self):
+        return self.ptr is not NULL and f.sf_qp_mode(self.ptr) == f.SF_MODE_FAST
+
+    @property
+    def inline_kept(self):
+        """Sends in the fast path's ledger that keep a copy of their inline bytes."""
+        return 0 if self.ptr is NULL else f.sf_qp_inline_kept(self.ptr)
+
+    def post_send(self, wr):
+        """FAST_POSTED, FAST_NEW_RKEY, FAST_NOT_FAST (post it in Python), FAST_QUEUE_FULL or FAST_REFUSED."""
+        cdef SendWRs batch = SendWRs((wr,))
+        cdef c.sc_post_error err = c.SC_POST_OK
+        if self.ptr is NULL:
+            return FAST_NOT_FAST
+        got = f.sf_qp_post_send(self.ptr, batch.wrs, &err)
+        self.refusal = err
+        return got
+
+    def post_recv(self, wr):
+        cdef RecvWRs batch = RecvWRs((wr,))
+        cdef c.sc_post_error err = c.SC_POST_OK
+        if self.ptr is NULL:
+            return FAST_NOT_FAST
+        got = f.sf_qp_post_recv(self.ptr, batch.wrs, &err)
+        self.refusal = err
+        return got
+
+    def post_raw_send(self, int path, wrs):
+        """Post SendWRs as they are on `path`: (POST_OK or why the next was refused, how many went)."""
+        cdef SendWRs batch = SendWRs(wrs)
+        cdef int posted = 0
+        if self.ptr is NULL:
+            return POST_STATE, 0
+        err = f.sf_qp_post_raw_send(self.ptr, path, batch.wrs, batch.n, &posted)
+        return err, posted
+
+    def post_raw_recv(self, int path, wrs):
+        cdef RecvWRs batch = RecvWRs(wrs)
+        cdef int posted = 0
+        if self.ptr is NULL:
+            return POST_STATE, 0
+        err = f.sf_qp_post_raw_recv(self.ptr, path, batch.wrs, batch.n, &posted)
+        return err, posted
+
+    def export(self):
+        """The ledger, which is Python's from now on: (next_id, sent_two_sided, received, sends, receives),
+        each entry a tuple (see entry_fields)."""
+        cdef f.sf_ledger_view view
+        cdef uint32_t i
+        if self.ptr is NULL:
+            return None
+        f.sf_qp_export(self.ptr, &view)
+        sends = [entry_fields(&view.sq[i]) for i in range(view.sq_count)]
+        receives = [entry_fields(&view.rq[i]) for i in range(view.rq_count)]
+        return view.next_id, view.sent_two_sided, view.received, sends, receives
+
+    def import_ledger(self, uint64_t next_id, int64_t sent_two_sided, int64_t received, entries):
+        """Take the ledger back (entries as entry_fields gives them, sends then receives, each in order):
+        True, or False when one does not fit here (the ledger stays Python's)."""
+        if self.ptr is NULL:
+            return False
+        for fields in entries:
+            if not import_entry(self.ptr, fields):
+                f.sf_qp_import_abort(self.ptr)
+                return False
+        f.sf_qp_import_done(self.ptr, next_id, sent_two_sided, received)
+        return True
+
+    def close(self):
+        if self.ptr is not NULL:
+            f.sf_qp_free(self.ptr)
+            self.ptr = NULL
+            self.ctx.release()
+        self.path_qps = []
+
+
+cdef tuple entry_fields(const f.sf_entry *e):
+    """(is_send, id, wr_id, opcode, send_flags, imm_data, rkey, remote_addr, compare_add, swap, sges,
+    signaled, index, posted, wc, failed_with, inline bytes); wc None until done, index -1 for none."""
+    cdef uint32_t i
+    sges = [SGE(e.wr.sg[i].addr, e.wr.sg[i].length, e.wr.sg[i].lkey) for i in range(e.wr.num_sge)]
+    wc = wc_of(&e.wc) if e.done else None
+    kept = e.inline_copy[:e.inline_len] if e.inline_len else None
+    return (bool(e.is_send), e.id, e.wr.wr_id, e.wr.opcode, e.wr.send_flags, e.wr.imm_data, e.wr.rkey,
+            e.wr.remote_addr, e.wr.compare_add, e.wr.swap, sges, bool(e.signaled), e.index, bool(e.posted), wc,
+            e.failed_with, kept)
+
+
+cdef bint import_entry(f.sf_qp *qp, tuple fields) except -1:
+    cdef f.sf_entry e
+    cdef c.sc_sge stack[STACK_SGES]
+    cdef c.sc_sge *sges
+    cdef bytes kept
+    (is_send, e.id, e.wr.wr_id, e.wr.opcode, e.wr.send_flags, e.wr.imm_data, e.wr.rkey, e.wr.remote_addr,
+     e.wr.compare_add, e.wr.swap, sg, signaled, e.index, posted, wc, e.failed_with, kept) = fields
+    e.is_send, e.signaled, e.posted, e.done = is_send, signaled, posted, wc is not None
+    if wc is not None:
+        e.wc = wc_to_c(wc)
+    e.inline_len = 0 if kept is None else len(kept)
+    e.inline_copy = NULL if kept is None else <unsigned char *>kept
+    sges = sge_array([sg], stack)
+    e.wr.num_sge = len(sg)
+    e.wr.sg = sges
+    try:
+        return f.sf_qp_import(qp, &e) == 0
+    finally:
+        if sges != &stack[0]:
+            free(sges)

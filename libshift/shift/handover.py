@@ -1,0 +1,102 @@
+"""The hand-over of a ShiftQP's ledger between the fast path (the core's, fastpath.h) and the Python
+failover layer.
+
+In its steady state (connected, on the default path, nothing held, no doubt) a QP's ledger is the core's:
+a post and a completion are one C call each. Whatever the failover layer does to a QP starts with `take`,
+under the context's lock: the core's entries become the Python Ledger's, and the QP is Python's until `give`
+hands them back, which it does only in the steady state. The core gives the ledger up by itself when it
+meets anything unusual, and leaves that completion for the failover layer (ShiftContext._deferred).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from libshift.shift.paths import PRIMARY
+from libshift.shift.rewind import Entry
+from libshift.shift.states import Send
+from libshift.verbs import RecvWR, SendWR, ibv_wc_status, ibv_wr_opcode
+
+if TYPE_CHECKING:
+    from libshift.shift.qp import ShiftQP
+
+
+def take(qp: ShiftQP) -> None:
+    """Make the ledger Python's (a no-op when it is already)."""
+    if not qp.fast_owned:
+        return
+    qp.fast_owned = False
+    exported = qp.fast.export()
+    if exported is None:  # closed
+        return
+    next_id, sent_two_sided, received, sends, receives = exported
+    ledger = qp.ledger
+    ledger.next_id, ledger.sent_two_sided, ledger.received = next_id, sent_two_sided, received
+    for fields in sends + receives:
+        entry = _entry(qp, fields)
+        (ledger.sq if entry.is_send else ledger.rq).entries.append(entry)
+        ledger.by_id[entry.wr_id] = entry
+
+
+def give(qp: ShiftQP) -> None:
+    """Hand the ledger to the fast path if the QP is in its steady state and every entry fits there."""
+    ledger = qp.ledger
+    steady = qp.states.send is Send.DEFAULT and qp.current == PRIMARY and qp.doubt.path is None
+    if qp.fast_owned or not steady:
+        return
+    entries = [*ledger.sq.entries, *ledger.rq.entries]
+    if any(e.slot is not None or e.path not in (PRIMARY, None) or not e.posted for e in entries):
+        return  # an inline copy in the Python pool, or a WR not on the default path: not steady yet
+    fields = [_fields(qp, e) for e in entries]
+    if not qp.fast.import_ledger(ledger.next_id, ledger.sent_two_sided, ledger.received, fields):
+        return
+    qp.fast_owned = True
+    ledger.sq.entries.clear()
+    ledger.rq.entries.clear()
+    ledger.by_id.clear()
+
+
+def _entry(qp: ShiftQP, fields: tuple) -> Entry:
+    (is_send, wr_id, app_id, opcode, flags, imm, rkey, remote_addr, compare_add, swap, sg, signaled, index,
+     posted, wc, failed_with, kept) = fields  # fmt: skip
+    if is_send:
+        wr: SendWR | RecvWR = SendWR(
+            app_id, ibv_wr_opcode(opcode), None, imm, sg, flags, remote_addr, rkey, compare_add, swap
+        )
+    else:
+        wr = RecvWR(app_id, None, sg)
+    entry = Entry(wr_id, wr, signaled, None if index < 0 else index, PRIMARY if posted else None, posted, wc)
+    entry.failed_with = ibv_wc_status(failed_with) if failed_with else None
+    if kept is not None and isinstance(wr, SendWR) and qp.states.live:
+        pds = {path: path_qp.pd for path, path_qp in qp.qps.items()}
+        entry.slot = qp.ctx.inline.keep(wr, pds, qp.primary.cap.max_inline_data, kept)
+    return entry
+
+
+def _fields(qp: ShiftQP, e: Entry) -> tuple:
+    wr = e.wr
+    failed = 0 if e.failed_with is None else int(e.failed_with)
+    index = -1 if e.index is None else e.index
+    if isinstance(wr, SendWR):
+        return (True, e.wr_id, wr.wr_id, int(wr.opcode), int(wr.send_flags), wr.imm_data, wr.rkey,
+                wr.remote_addr, wr.compare_add, wr.swap, wr.sg, e.signaled, index, e.posted, e.wc, failed,
+                None)  # fmt: skip
+    return (
+        False,
+        e.wr_id,
+        wr.wr_id,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        wr.sg,
+        e.signaled,
+        index,
+        e.posted,
+        e.wc,
+        failed,
+        None,
+    )
