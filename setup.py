@@ -26,4 +26,5 @@ fast = [p for p in sources if p.rsplit("/", 1)[1].startswith("fast")]  # the fas
 # the tcp engine; the verbs backend is built against rdma-core's verbs.h but never linked to libibverbs
 # (verbs_lib.c opens it at run time), so both import on a host without rdma-core
 core = extension("_core", [p for p in sources if p not in verbs])
-setup(ext_modules=cythonize([core, extension("_verbs", verbs + fast)], compiler_directives={"language_level": "3"}))
+extensions = [core, extension("_verbs", verbs + fast)]
+setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}))
