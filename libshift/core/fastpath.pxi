@@ -129,16 +129,16 @@ cdef class FastCQ:
             return 0, []
         self.ctx.progress()
         out = []
-        while num_entries > 0:
-            got = f.sf_cq_take(self.ptr, min(num_entries, FAST_BATCH), wcs)
+        while True:  # poll(0) asks too: it meets an overflow
+            want = max(0, min(num_entries, FAST_BATCH))
+            got = f.sf_cq_take(self.ptr, want, wcs)
             if got < 0:
                 raise CQOverflowError(f"CQ overflow: more than {self.cqe} completions were not polled")
             for i in range(got):
                 out.append(wc_of(&wcs[i]))
             num_entries -= got
-            if got < FAST_BATCH:
-                break
-        return len(out), out
+            if got < want or num_entries <= 0:
+                return len(out), out
 
     def close(self):
         if self.ptr is not NULL:

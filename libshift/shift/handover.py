@@ -10,12 +10,14 @@ meets anything unusual, and leaves that completion for the failover layer (Shift
 
 from __future__ import annotations
 
+import errno
 from typing import TYPE_CHECKING
 
+from libshift.core._core import FAST_NEW_RKEY, FAST_POSTED, FAST_QUEUE_FULL
 from libshift.shift.paths import PRIMARY
 from libshift.shift.rewind import Entry
 from libshift.shift.states import Send
-from libshift.verbs import RecvWR, SendWR, ibv_wc_status, ibv_wr_opcode
+from libshift.verbs import RecvWR, SendWR, VerbsRDMAError, ibv_wc_status, ibv_wr_opcode
 
 if TYPE_CHECKING:
     from libshift.shift.qp import ShiftQP
@@ -54,6 +56,20 @@ def give(qp: ShiftQP) -> None:
     ledger.sq.entries.clear()
     ledger.rq.entries.clear()
     ledger.by_id.clear()
+
+
+def posted(qp: ShiftQP, got: int, wr: SendWR | RecvWR, send: bool) -> None:
+    """What the fast path said of a post it took: done, or the refusal to raise."""
+    if got == FAST_POSTED:
+        return
+    if got == FAST_NEW_RKEY:  # fetch the peer's backup keys now, so that a switch finds them
+        assert isinstance(wr, SendWR) and qp.ctx.keys is not None and qp.remote is not None
+        qp.ctx.keys.prefetch(qp.remote.gid, wr.rkey)
+        return
+    if got == FAST_QUEUE_FULL:
+        which = "send" if send else "receive"
+        raise VerbsRDMAError(f"QP {qp.qp_num}: {which} queue full", errno.ENOMEM)
+    raise qp.primary.impl.refused(qp.fast.refusal, wr, send)
 
 
 def _entry(qp: ShiftQP, fields: tuple) -> Entry:

@@ -15,10 +15,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from libshift.agent import AgentError
-from libshift.core._core import FAST_NEW_RKEY as NEW_RKEY
 from libshift.core._core import FAST_NOT_FAST as NOT_FAST
-from libshift.core._core import FAST_POSTED as POSTED
-from libshift.core._core import FAST_QUEUE_FULL as QUEUE_FULL
 from libshift.shift import handover, notify
 from libshift.shift.cq import ShiftCQ
 from libshift.shift.detect import Verdict, default_path_attr, judge
@@ -26,6 +23,7 @@ from libshift.shift.doubt import Doubt
 from libshift.shift.memory import ShiftPD
 from libshift.shift.pathqp import PathQP
 from libshift.shift.paths import BACKUP, PRIMARY, depth
+from libshift.shift.peers import peer_backups
 from libshift.shift.rearm import Rearm
 from libshift.shift.rewind import REMOTE_KEYED, WC_OPCODE, Entry, Ledger
 from libshift.shift.states import HELD, Send, State, States, Transition
@@ -53,7 +51,6 @@ log = logging.getLogger("libshift.shift")
 ibv_qp_state, ACCESS, FLAGS = enums.ibv_qp_state, enums.ibv_access_flags, enums.ibv_send_flags
 INLINE = int(FLAGS.IBV_SEND_INLINE)  # plain ints: IntFlag arithmetic costs microseconds per post
 SIGNALED = int(FLAGS.IBV_SEND_SIGNALED)
-PEER_WAIT = 10.0  # how long connect waits for the peer's backup to be published
 CONTROL_ACCESS = ACCESS.IBV_ACCESS_LOCAL_WRITE | ACCESS.IBV_ACCESS_REMOTE_WRITE
 ST = enums.ibv_wc_status
 RECV = enums.ibv_wc_opcode.IBV_WC_RECV
@@ -164,7 +161,7 @@ class ShiftQP:
     def to_rts(self, attr: QPAttr | None = None) -> None:
         attr = attr or QPAttr()
         self._attr = dataclasses.replace(attr, qp_access_flags=self._access, dest=self.remote)
-        peers = self._peer_backups()  # may wait for the peer's publication: not under the lock
+        peers = peer_backups(self)  # may wait for the peer's publication: not under the lock
         self.primary.to_rts(default_path_attr(attr) if peers else attr)
         with self.ctx.lock:
             self._connect_backups(peers)
@@ -180,7 +177,7 @@ class ShiftQP:
     def post_send(self, wr: SendWR) -> None:
         got = self.fast.post_send(wr)
         if got != NOT_FAST:
-            self._fast_posted(got, wr, send=True)
+            handover.posted(self, got, wr, send=True)
             return
         with self.ctx.lock:
             handover.take(self)
@@ -198,7 +195,7 @@ class ShiftQP:
     def post_recv(self, wr: RecvWR) -> None:
         got = self.fast.post_recv(wr)
         if got != NOT_FAST:
-            self._fast_posted(got, wr, send=False)
+            handover.posted(self, got, wr, send=False)
             return
         with self.ctx.lock:
             handover.take(self)
@@ -206,19 +203,6 @@ class ShiftQP:
                 raise VerbsRDMAError(f"QP {self.qp_num}: receive queue full", errno.ENOMEM)
             self._post_or_drop(self.ledger.add_recv(wr))
             handover.give(self)
-
-    def _fast_posted(self, got: int, wr: SendWR | RecvWR, send: bool) -> None:
-        """What the fast path said of a post it took: done, or the refusal to raise."""
-        if got == POSTED:
-            return
-        if got == NEW_RKEY:  # fetch the peer's backup keys now, so that a switch finds them
-            assert isinstance(wr, SendWR) and self.ctx.keys is not None and self.remote is not None
-            self.ctx.keys.prefetch(self.remote.gid, wr.rkey)
-            return
-        if got == QUEUE_FULL:
-            which = "send" if send else "receive"
-            raise VerbsRDMAError(f"QP {self.qp_num}: {which} queue full", errno.ENOMEM)
-        raise self.primary.impl.refused(self.fast.refusal, wr, send)
 
     def close(self) -> None:
         with self.ctx.lock:
@@ -236,26 +220,6 @@ class ShiftQP:
                 obj.close()
 
     # -- paths ---------------------------------------------------------------------------------------------
-
-    def _peer_backups(self) -> dict[str, Endpoint]:
-        """The peer's backup QPs by path, looked up along its chain from the default endpoint the
-        application gave us, as deep as both sides have backups."""
-        found: dict[str, Endpoint] = {}
-        if BACKUP not in self.qps or self.remote is None or self.ctx.agent is None:
-            return found
-        end, wait = self.remote, PEER_WAIT
-        for path in self.ctx.backups:
-            try:
-                peer = self.ctx.agent.lookup_qp(end.gid, end.qpn, wait=wait)
-            except AgentError as exc:
-                log.warning("QP %d: peer %s lookup failed (%s)", self.qp_num, path, exc)
-                break
-            if peer is None:
-                if path == BACKUP:
-                    log.warning("QP %d: the peer published no backup QP; no failover for it", self.qp_num)
-                break
-            found[path], end, wait = peer, peer, 0.0  # the deeper links were published first
-        return found
 
     def _connect_backups(self, peers: dict[str, Endpoint]) -> None:
         """Connect the backup QPs now, so that a failure finds them ready; without any, be a plain QP."""
