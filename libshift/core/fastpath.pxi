@@ -121,6 +121,11 @@ cdef class FastCQ:
         if self.ptr is not NULL:
             f.sf_cq_arm(self.ptr)
 
+    @property
+    def ready(self):
+        """Completions released to the application and not yet polled."""
+        return 0 if self.ptr is NULL else f.sf_cq_ready(self.ptr)
+
     def poll(self, int num_entries):
         """(count, WCs) after a pass of the context's progress, as ShiftCQ.poll returns them."""
         cdef c.sc_wc wcs[FAST_BATCH]

@@ -5,8 +5,9 @@ hops per completion. Now the waiting thread waits on the default path's provider
 progress there (ShiftContext.serve); the watcher keeps off while it does.
 
 The probe (this file run as a script inside lab host h0, with its shiftd) connects two shift QPs of one
-context to each other, so that both ends are real shift QPs with backups, and records which thread pushes
-each receive completion to the waiting side's ShiftCQ.
+context to each other, so that both ends are real shift QPs with backups, and records which thread made
+each receive completion ready on the waiting side's ShiftCQ: the one whose pass of progress (the context's,
+or the waiter's own poll) released it there (the fast path releases it in C, so the pass is what is seen).
 """
 
 from __future__ import annotations
@@ -63,14 +64,24 @@ def probe() -> dict[str, object]:
     connecting.start()
     b.connect(a.endpoint(), QPAttr(**attr))
     connecting.join()
-    pushers: list[int] = []
-    push = recv_cq.push
-    recv_cq.push = lambda wc: (pushers.append(threading.get_ident()), push(wc))  # type: ignore[method-assign]
+    makers: list[int] = []
+    progress = ctx.progress
+
+    def noted_progress(everything: bool = False) -> None:
+        before = recv_cq.fast.ready
+        progress(everything)
+        if recv_cq.fast.ready > before:
+            makers.append(threading.get_ident())
+
+    ctx.progress = noted_progress  # type: ignore[method-assign]
     received: list[int] = []
 
     def waiter() -> None:
         while len(received) < ROUNDS:
+            ready = recv_cq.fast.ready
             got = recv_cq.poll(1)[1]
+            if got and not ready:  # this poll's own pass released it
+                makers.append(threading.get_ident())
             if got:
                 received.append(got[0].wr_id)
                 continue
@@ -94,7 +105,7 @@ def probe() -> dict[str, object]:
     while send_cq.poll(ROUNDS)[0]:
         pass
     ctx.close()
-    on_waiter = sum(ident == thread.ident for ident in pushers)
+    on_waiter = sum(ident == thread.ident for ident in makers)
     return {"resilient": ctx.resilient, "received": len(received), "on_waiter": on_waiter}
 
 
