@@ -33,7 +33,10 @@ def soft_roce_loadable() -> bool:
     which has no RDMA support; Debian's stock kernel in shiftlab.rxe's VM has it)."""
     if Path("/sys/module/rdma_rxe").exists():
         return True
-    probe = subprocess.run(["modprobe", "--dry-run", "--quiet", "rdma_rxe"], capture_output=True)
+    try:
+        probe = subprocess.run(["modprobe", "--dry-run", "--quiet", "rdma_rxe"], capture_output=True)
+    except FileNotFoundError:  # no kmod: a kernel without modules (this project's host has none)
+        return False
     return probe.returncode == 0
 
 
