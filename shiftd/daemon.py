@@ -26,6 +26,7 @@ from shiftd import __version__, inventory, monitors
 from shiftd import config as config_mod
 from shiftd.agents import AgentTable, RefusedRequest, encode
 from shiftd.events import EventBus
+from shiftd.fault_spec import Fault
 from shiftd.faults import FaultInjector
 from shiftd.health import Transition
 from shiftd.listenfds import ListenError, inherited_socket
@@ -379,25 +380,23 @@ class Daemon:
             report.time_unix_nanos = time.time_ns()
         self.bus.publish(admin_pb2.Event(failover=report))
 
-    async def fail_nic(
-        self, device: str, mode: FaultMode, period: float | None, by_uid: int
-    ) -> common_pb2.Nic:
+    async def fail_nic(self, device: str, fault: Fault, by_uid: int) -> common_pb2.Nic:
         record = self.nics.get(device)
         previous = record.health.fault
         # Health first: the agents hear "operator_*" before the link drops, the fastest detection.
-        self.nics.set_fault(device, mode)
+        self.nics.set_fault(device, fault.mode)
         try:
-            await self.faults.apply(record.spec.netdev, mode, period)
+            await self.faults.apply(record.spec.netdev, fault)
         except Exception as exc:  # a netlink or tc failure: the operator must see why
             self.nics.set_fault(device, previous)
             raise RefusedRequest(
-                "FAILED_PRECONDITION", f"cannot inject {mode.name.lower()} on {device}: {exc}"
+                "FAILED_PRECONDITION", f"cannot inject {fault.describe()} on {device}: {exc}"
             ) from exc
         self._publish_nic(device)
-        self.metrics.faults.labels(device, mode.name.lower()).inc()
-        self.bus.publish(admin_pb2.Event(fault=admin_pb2.FaultChange(device=device, mode=int(mode))))
+        self.metrics.faults.labels(device, fault.mode.name.lower()).inc()
+        self.bus.publish(admin_pb2.Event(fault=admin_pb2.FaultChange(device=device, mode=int(fault.mode))))
         log.warning(
-            "fault %s injected on %s (%s) by uid %d", mode.name.lower(), device, record.spec.netdev, by_uid
+            "fault %s injected on %s (%s) by uid %d", fault.describe(), device, record.spec.netdev, by_uid
         )
         return self.nics.to_proto(device)
 

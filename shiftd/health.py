@@ -12,11 +12,15 @@ from dataclasses import dataclass
 
 from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PortStatus
 
+# An operator's fault that takes the NIC out of service: DOWN, so the agents fail over at once.
 FAULT_REASONS = {
     FaultMode.DOWN: "operator_down",
     FaultMode.BLACKHOLE: "operator_blackhole",
     FaultMode.FLAP: "operator_flap",
 }
+# A gray fault leaves the NIC carrying traffic, only worse: DEGRADED, on which agents stay (the point
+# of injecting it is to see what the traffic does) but onto which they do not fail back.
+GRAY_FAULT_REASONS = {FaultMode.LOSSY: "operator_lossy", FaultMode.SLOW: "operator_slow"}
 # RDMA port states in which the port carries traffic; DOWN/NOP are unusable, the rest
 # (INIT, ARMED) mean the link trained but the port is not ready: DEGRADED.
 ACTIVE_PORT_STATES = ("ACTIVE", "ACTIVE_DEFER")
@@ -79,7 +83,7 @@ class NicHealth:
         return self._evaluate(now)
 
     def set_fault(self, fault: FaultMode, now: float) -> Transition | None:
-        """An operator's fault: any mode but NONE holds the NIC DOWN until cleared."""
+        """An operator's fault: DOWN until cleared, or DEGRADED for a gray one (lossy, slow)."""
         self.fault = fault
         return self._evaluate(now)
 
@@ -100,21 +104,21 @@ class NicHealth:
             return self._move(NicState.DOWN, problem, now)
         if self._waiting_for_signals():
             return None
-        degraded = self.port is not None and self.port.state not in ACTIVE_PORT_STATES
+        degraded = self._degradation()
         target = NicState.DEGRADED if degraded else NicState.UP
         if self.state is not NicState.DOWN:
-            return self._move(target, "port_not_active" if degraded else "up", now)
+            return self._move(target, degraded or "up", now)
         if self._hold_until is None:
             self._hold_until = now + self.hold_down_seconds
         if now < self._hold_until:
             self.reason = "hold_down"
             return None
         self._hold_until = None
-        return self._move(target, "port_not_active" if degraded else "recovered", now)
+        return self._move(target, degraded or "recovered", now)
 
     def _problem(self) -> str | None:
         """Why the NIC cannot carry traffic now, most fundamental cause first; None if it can."""
-        if self.fault is not FaultMode.NONE:
+        if self.fault in FAULT_REASONS:
             return FAULT_REASONS[self.fault]
         if not self.present:
             return "device_removed"
@@ -130,6 +134,14 @@ class NicHealth:
                 return "oper_down"
         if self.port is not None and self.port.state in DOWN_PORT_STATES:
             return "port_down"
+        return None
+
+    def _degradation(self) -> str | None:
+        """Why a NIC that can carry traffic is not fully healthy; None if it is."""
+        if self.fault in GRAY_FAULT_REASONS:
+            return GRAY_FAULT_REASONS[self.fault]
+        if self.port is not None and self.port.state not in ACTIVE_PORT_STATES:
+            return "port_not_active"
         return None
 
     def _waiting_for_signals(self) -> bool:

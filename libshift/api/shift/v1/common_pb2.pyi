@@ -20,6 +20,8 @@ class FaultMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAULT_MODE_DOWN: _ClassVar[FaultMode]
     FAULT_MODE_BLACKHOLE: _ClassVar[FaultMode]
     FAULT_MODE_FLAP: _ClassVar[FaultMode]
+    FAULT_MODE_LOSSY: _ClassVar[FaultMode]
+    FAULT_MODE_SLOW: _ClassVar[FaultMode]
 
 class FailoverKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -34,6 +36,8 @@ FAULT_MODE_UNSPECIFIED: FaultMode
 FAULT_MODE_DOWN: FaultMode
 FAULT_MODE_BLACKHOLE: FaultMode
 FAULT_MODE_FLAP: FaultMode
+FAULT_MODE_LOSSY: FaultMode
+FAULT_MODE_SLOW: FaultMode
 FAILOVER_KIND_UNSPECIFIED: FailoverKind
 FAILOVER_KIND_FAILOVER: FailoverKind
 FAILOVER_KIND_FAILBACK: FailoverKind
