@@ -48,7 +48,7 @@ class Fault:
             )
         if mode == FaultMode.LOSSY and not 0 < self.loss_percent < 100:
             raise FaultSpecError(
-                f"loss must be greater than 0% and less than 100% (all: mode blackhole), "
+                f"loss must be greater than 0% and less than 100% (for 100%, mode blackhole), "
                 f"not {self.loss_percent:g}%"
             )
         if mode == FaultMode.SLOW and not MIN_RATE <= self.rate_bits <= MAX_RATE:
@@ -71,7 +71,7 @@ def parse_loss(text: str) -> float:
     """A percentage as a user writes it: "5%", "0.5%" or "5"."""
     match = LOSS_RE.fullmatch(text.strip())
     if match is None:
-        raise FaultSpecError(f"{text!r} is not a percentage (e.g. 5% or 0.5%)")
+        raise FaultSpecError(f"loss {text!r} is not a percentage (e.g. 5% or 0.5%)")
     return float(match.group(1))
 
 
@@ -80,8 +80,8 @@ def parse_rate(text: str) -> int:
     match = RATE_RE.fullmatch(text.strip())
     if match is None:
         raise FaultSpecError(
-            f"{text!r} is not a rate in bits per second (e.g. 100mbit or 2.5gbit; units bit, kbit, mbit, "
-            "gbit, tbit)"
+            f"rate {text!r} is not in bits per second (e.g. 100mbit or 2.5gbit; units bit, kbit, mbit, gbit, "
+            "tbit)"
         )
     return round(float(match.group(1)) * RATE_PREFIXES[match.group(2).lower()])
 

@@ -180,7 +180,12 @@ class AdminService(_Base, admin_pb2_grpc.AdminServicer):
         if request.mode not in FaultMode._value2member_map_:
             raise RefusedRequest("INVALID_ARGUMENT", f"unknown fault mode {request.mode}")
         try:
-            fault = Fault(FaultMode(request.mode) or FaultMode.DOWN, request.flap_period_seconds or None)
+            fault = Fault(
+                FaultMode(request.mode) or FaultMode.DOWN,
+                request.flap_period_seconds or None,
+                request.loss_percent,
+                request.rate_bits_per_second,
+            )
         except FaultSpecError as exc:
             raise RefusedRequest("INVALID_ARGUMENT", str(exc)) from None
         nic = await self.daemon.fail_nic(request.device, fault, by_uid=cred.uid)
