@@ -76,7 +76,11 @@ class Daemon:
             raise StartupError(str(exc)) from None
         self._hold_timer: asyncio.TimerHandle | None = None
         self.nics = NicTable(
-            specs, config.health.hold_down_seconds, self._on_transition, self._rearm_hold_timer
+            specs,
+            config.health.hold_down_seconds,
+            self._on_transition,
+            self._rearm_hold_timer,
+            damping=config.damping,
         )
         self.agents = AgentTable(self.registry, self._on_agent_change)
         self.faults = FaultInjector(config.faults.flap_period_seconds)
@@ -278,7 +282,7 @@ class Daemon:
         log.warning("no state yet for %s after %.1fs; serving anyway", ", ".join(unknown), timeout)
 
     def _rearm_hold_timer(self) -> None:
-        """Tick the health machines when the next hold-down ends (flap damping).
+        """Tick the health machines when the next hold-down or suppression ends (flap damping).
 
         A timer handle on the loop, set again after every input, rather than a task woken by
         an event: a NIC event then costs no task switch ahead of the agents' stream writes.

@@ -3,13 +3,16 @@
 A pure state machine (no I/O, no clock of its own): every input carries `now`, so the daemon
 drives it from its event loop and the tests from a fake clock. Going DOWN is immediate because
 that is what lets libshift fail over before the transport's retry timeout; coming back is
-damped, because failing back onto a link that bounces costs more than staying on the backup.
+damped, because failing back onto a link that bounces costs more than staying on the backup:
+always by the fixed hold-down, and for a NIC that keeps flapping by its penalty (damping.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shiftd.config import DampingConfig
+from shiftd.damping import FlapDamper
 from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PortStatus
 
 # An operator's fault that takes the NIC out of service: DOWN, so the agents fail over at once.
@@ -25,6 +28,8 @@ GRAY_FAULT_REASONS = {FaultMode.LOSSY: "operator_lossy", FaultMode.SLOW: "operat
 # (INIT, ARMED) mean the link trained but the port is not ready: DEGRADED.
 ACTIVE_PORT_STATES = ("ACTIVE", "ACTIVE_DEFER")
 DOWN_PORT_STATES = ("DOWN", "NOP")
+# the reasons of a NIC that works again but is held DOWN: by the hold-down, or suppressed by its penalty
+HELD_REASONS = ("hold_down", "flap_damped")
 
 
 @dataclass(frozen=True)
@@ -47,12 +52,16 @@ class NicHealth:
     and so does a relapse: a new problem while DOWN in hold-down is a DOWN again (DOWN -> DOWN),
     because whoever started to use the NIC meanwhile (its link works; a job may connect its QPs
     there in those seconds) must hear that it broke again. `reason` always tells the current
-    cause, including while DOWN in hold-down.
+    cause, including while held DOWN ("hold_down", or "flap_damped" while the penalty suppresses).
+
+    A flap, for the penalty, is the NIC's own signals going from usable to unusable; what an
+    operator's fault does to the link is not one (the operator meant it).
     """
 
-    def __init__(self, spec: NicSpec, hold_down_seconds: float) -> None:
+    def __init__(self, spec: NicSpec, hold_down_seconds: float, damping: DampingConfig | None = None) -> None:
         self.spec = spec
         self.hold_down_seconds = hold_down_seconds
+        self.damper = FlapDamper(damping or DampingConfig())
         self.state = NicState.UNSPECIFIED
         self.reason = ""
         self.link: LinkStatus | None = None
@@ -62,6 +71,7 @@ class NicHealth:
         self.link_events = 0  # flips of the link between usable and unusable, for metrics
         self.last_change: float | None = None  # `now` of the last state change
         self._hold_until: float | None = None
+        self._usable = False  # the NIC's own signals, all known and all good, at the last input
 
     # inputs
 
@@ -92,12 +102,13 @@ class NicHealth:
         return self._evaluate(now)
 
     def next_deadline(self) -> float | None:
-        """When tick() may change the state (the end of the hold-down), or None."""
+        """When tick() may change the state (the end of the hold-down or suppression), or None."""
         return self._hold_until
 
     # decisions
 
     def _evaluate(self, now: float) -> Transition | None:
+        self._count_flap(now)
         problem = self._problem()
         if problem is not None:
             self._hold_until = None
@@ -108,18 +119,26 @@ class NicHealth:
         target = NicState.DEGRADED if degraded else NicState.UP
         if self.state is not NicState.DOWN:
             return self._move(target, degraded or "up", now)
-        if self._hold_until is None:
-            self._hold_until = now + self.hold_down_seconds
+        if self._hold_until is None:  # set once per recovery: only a new flap, which resets it, moves it
+            self._hold_until = max(now + self.hold_down_seconds, self.damper.release(now) or now)
         if now < self._hold_until:
-            self.reason = "hold_down"
+            self.reason = "flap_damped" if self.damper.suppressed(now) else "hold_down"
             return None
         self._hold_until = None
         return self._move(target, degraded or "recovered", now)
 
+    def _count_flap(self, now: float) -> None:
+        usable = self._signal_problem() is None and not self._waiting_for_signals()
+        if self._usable and not usable and self.fault not in FAULT_REASONS:
+            self.damper.flap(now)
+        self._usable = usable
+
     def _problem(self) -> str | None:
         """Why the NIC cannot carry traffic now, most fundamental cause first; None if it can."""
-        if self.fault in FAULT_REASONS:
-            return FAULT_REASONS[self.fault]
+        return FAULT_REASONS.get(self.fault) or self._signal_problem()
+
+    def _signal_problem(self) -> str | None:
+        """What the NIC's own signals say is wrong, whatever an operator did; None if nothing."""
         if not self.present:
             return "device_removed"
         link = self.link
@@ -150,8 +169,8 @@ class NicHealth:
         return needs_link or needs_port
 
     def _move(self, state: NicState, reason: str, now: float) -> Transition | None:
-        held = self.state is NicState.DOWN and self.reason == "hold_down"
-        relapse = held and state is NicState.DOWN and reason != "hold_down"
+        held = self.state is NicState.DOWN and self.reason in HELD_REASONS
+        relapse = held and state is NicState.DOWN and reason not in HELD_REASONS
         self.reason = reason
         if state is self.state and not relapse:
             return None
