@@ -76,7 +76,7 @@ def format_table(header: list[str], rows: Iterable[list[str]]) -> str:
 
 
 def format_nics(nics: Iterable[common_pb2.Nic]) -> str:
-    header = ["DEVICE", "NETDEV", "PROVIDER", "STATE", "REASON", "LINK", "CARRIER", "FAULT", "GID"]
+    header = ["DEVICE", "NETDEV", "PROVIDER", "STATE", "REASON", "LINK", "CARRIER", "FAULT", "PENALTY", "GID"]
     rows = [
         [
             n.device,
@@ -87,6 +87,7 @@ def format_nics(nics: Iterable[common_pb2.Nic]) -> str:
             "up" if n.admin_up else "down",
             "yes" if n.carrier else "no",
             fault_name(n.fault),
+            f"{n.flap_penalty:.0f}",
             n.gid or "-",
         ]
         for n in nics

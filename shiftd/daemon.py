@@ -249,6 +249,9 @@ class Daemon:
         for record in self.nics.records.values():
             self.metrics.set_nic(record.name, record.spec.netdev, record.health.state)
             self.metrics.link_events.labels(record.name, record.spec.netdev)  # the series exists from 0
+            self.metrics.flap_penalty.labels(record.name, record.spec.netdev).set_function(
+                lambda name=record.name: self.nics.flap_penalty(name)
+            )
         self.metrics.etcd_up.set_function(lambda: 1 if self.registry.connected else 0)
         self.metrics.etcd_pending.set_function(lambda: self.registry.pending)
         self.metrics.agents.set_function(lambda: len(self.agents.agents))

@@ -131,7 +131,12 @@ class NicTable:
             last_change_unix_nanos=record.wall_last_change_ns,
             link_events=health.link_events,
             gid=gid_of_ipv4(ipv4[0].split("/")[0]) if ipv4 else "",
+            flap_penalty=self.flap_penalty(device),
         )
+
+    def flap_penalty(self, device: str) -> float:
+        """The NIC's damping penalty now (also read by /metrics, from its own thread: two floats)."""
+        return self.get(device).health.damper.penalty(self._clock())
 
     def all_protos(self) -> list[common_pb2.Nic]:
         return [self.to_proto(device) for device in self.devices]

@@ -1,22 +1,28 @@
-"""Gray faults through shiftctl on the lab: real namespaces, veth links through the rail's switch, tc in h0.
+"""Gray faults and flap damping on the lab: real namespaces, veth links through the rail's switch, tc in h0.
 
 `shiftctl fail-nic mlx5_0 --mode lossy|slow` on h0 must really degrade h0's rail-0 link, measured between
 h0 and h1 against the same link unfaulted (the share of a UDP burst that arrives, each way; one TCP
-stream's rate), leave the NIC DEGRADED, and `recover-nic` must give the link back whole. Lab names start
-with "gl".
+stream's rate), leave the NIC DEGRADED, and `recover-nic` must give the link back whole. A link that
+bounces several times must stay DOWN longer than one that bounced once, its penalty shown by /metrics and
+`shiftctl nics` (the lab's damping: the defaults' thresholds, a 1 s half-life). Lab names start with "gl".
 """
 
 from __future__ import annotations
 
 import subprocess
+import time
+import urllib.request
 from collections.abc import Iterator
 
+import grpc
 import pytest
 from labs import running_lab
 from linkprobe import tcp_rate, udp_delivery
 from waiting import wait_until
 
-from shiftlab.lab import Lab
+from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+from shiftlab import netns
+from shiftlab.lab import METRICS_PORT, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(180)]
 
@@ -36,7 +42,7 @@ def shiftctl(lab: Lab, host: str, *args: str) -> subprocess.CompletedProcess[str
 
 
 def nic_row(lab: Lab, host: str, device: str) -> list[str]:
-    """The NIC's row of `shiftctl nics`: DEVICE NETDEV PROVIDER STATE REASON LINK CARRIER FAULT ..."""
+    """The NIC's row of `shiftctl nics`: DEVICE NETDEV PROVIDER STATE REASON LINK CARRIER FAULT PENALTY GID"""
     table = shiftctl(lab, host, "nics").stdout.splitlines()
     return next(line.split() for line in table if line.split()[0] == device)
 
@@ -98,3 +104,63 @@ def test_a_bad_rate_is_one_line_from_shiftctl_and_nothing_changes(lab: Lab) -> N
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "rate '100mbps' is not in bits per second" in result.stderr
     assert nic_row(lab, "h0", "mlx5_0")[3] == "UP"
+
+
+def h0_nic(lab: Lab) -> common_pb2.Nic:
+    """mlx5_0 of h0 as its shiftd has it now (ListNics: quick enough to poll)."""
+    with grpc.insecure_channel(f"unix:{lab.socket('h0')}") as channel:
+        nics = admin_pb2_grpc.AdminStub(channel).ListNics(admin_pb2.ListNicsRequest(), timeout=5).nics
+    return next(nic for nic in nics if nic.device == "mlx5_0")
+
+
+def penalty_metric(lab: Lab) -> float:
+    address = f"{lab.shape.mgmt_address(0)}:{METRICS_PORT}"
+
+    def fetch() -> str:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
+            return response.read().decode()
+
+    series = 'shift_nic_flap_penalty{device="mlx5_0",netdev="ens1f0np0"}'
+    text = netns.run(lab.namespace("h0"), fetch)
+    values = [line.split()[-1] for line in text.splitlines() if line.startswith(series + " ")]
+    assert values, f"no {series} in h0's /metrics"
+    return float(values[0])
+
+
+def bounce(lab: Lab, times: int) -> float:
+    """The rail-0 switch's port to h0 goes down and up `times` times, 0.2 s a bounce (no operator fault:
+    only h0's netlink monitor sees it); returns the wall clock when it was back the last time."""
+    port = ["ip", "-n", lab.shape.rail_ns(0), "link", "set", "h0"]
+    for _ in range(times):
+        subprocess.run([*port, "down"], check=True)
+        time.sleep(0.1)
+        subprocess.run([*port, "up"], check=True)
+        back = time.time()
+        time.sleep(0.1)
+    return back
+
+
+def held_down(lab: Lab, back: float) -> float:
+    """Seconds from the link's return until shiftd said UP (the transition's own time, not the poll's)."""
+    assert wait_until(lambda: h0_nic(lab).state == common_pb2.NIC_STATE_UP, timeout=15)
+    return h0_nic(lab).last_change_unix_nanos / 1e9 - back
+
+
+def test_a_link_that_bounces_several_times_stays_down_longer_than_one_that_bounced_once(lab: Lab) -> None:
+    assert wait_until(lambda: h0_nic(lab).flap_penalty < 50, timeout=15)  # nothing left of earlier tests
+    once = held_down(lab, bounce(lab, 1))
+    assert 0.9 < once < 1.6  # the lab's hold-down, 1 s: a penalty of 1000 suppresses nothing
+
+    assert wait_until(lambda: h0_nic(lab).flap_penalty < 50, timeout=15)
+    back = bounce(lab, 6)
+    nic = h0_nic(lab)
+    assert (nic.state, nic.reason) == (common_pb2.NIC_STATE_DOWN, "flap_damped")
+    assert nic.flap_penalty > 2000  # above the suppress threshold
+    assert penalty_metric(lab) > 2000
+    row = nic_row(lab, "h0", "mlx5_0")
+    assert row[3:5] == ["DOWN", "flap_damped"] and float(row[8]) > 2000
+    several = held_down(lab, back)
+    print(f"lab damping: DOWN {once:.2f} s after one bounce, {several:.2f} s after six")
+    assert several > once + 0.8
+    assert several < 8.0  # the lab's max_suppress_seconds bounds it
+    assert h0_nic(lab).flap_penalty <= 750 * 1.05  # released at the reuse threshold (decayed since)

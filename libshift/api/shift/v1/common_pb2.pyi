@@ -43,7 +43,7 @@ FAILOVER_KIND_FAILOVER: FailoverKind
 FAILOVER_KIND_FAILBACK: FailoverKind
 
 class Nic(_message.Message):
-    __slots__ = ("device", "netdev", "provider", "state", "reason", "admin_up", "operstate", "carrier", "port_state", "fault", "addresses", "last_change_unix_nanos", "link_events", "gid")
+    __slots__ = ("device", "netdev", "provider", "state", "reason", "admin_up", "operstate", "carrier", "port_state", "fault", "addresses", "last_change_unix_nanos", "link_events", "gid", "flap_penalty")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     NETDEV_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class Nic(_message.Message):
     LAST_CHANGE_UNIX_NANOS_FIELD_NUMBER: _ClassVar[int]
     LINK_EVENTS_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
+    FLAP_PENALTY_FIELD_NUMBER: _ClassVar[int]
     device: str
     netdev: str
     provider: str
@@ -72,7 +73,8 @@ class Nic(_message.Message):
     last_change_unix_nanos: int
     link_events: int
     gid: str
-    def __init__(self, device: _Optional[str] = ..., netdev: _Optional[str] = ..., provider: _Optional[str] = ..., state: _Optional[_Union[NicState, str]] = ..., reason: _Optional[str] = ..., admin_up: _Optional[bool] = ..., operstate: _Optional[str] = ..., carrier: _Optional[bool] = ..., port_state: _Optional[str] = ..., fault: _Optional[_Union[FaultMode, str]] = ..., addresses: _Optional[_Iterable[str]] = ..., last_change_unix_nanos: _Optional[int] = ..., link_events: _Optional[int] = ..., gid: _Optional[str] = ...) -> None: ...
+    flap_penalty: float
+    def __init__(self, device: _Optional[str] = ..., netdev: _Optional[str] = ..., provider: _Optional[str] = ..., state: _Optional[_Union[NicState, str]] = ..., reason: _Optional[str] = ..., admin_up: _Optional[bool] = ..., operstate: _Optional[str] = ..., carrier: _Optional[bool] = ..., port_state: _Optional[str] = ..., fault: _Optional[_Union[FaultMode, str]] = ..., addresses: _Optional[_Iterable[str]] = ..., last_change_unix_nanos: _Optional[int] = ..., link_events: _Optional[int] = ..., gid: _Optional[str] = ..., flap_penalty: _Optional[float] = ...) -> None: ...
 
 class NicEvent(_message.Message):
     __slots__ = ("host", "device", "netdev", "state", "previous_state", "reason", "time_unix_nanos", "monotonic_nanos")
