@@ -33,7 +33,8 @@ class Fault:
     rate_bits: int = 0  # SLOW: what the NIC may send, in bits per second
 
     def __post_init__(self) -> None:
-        mode = FaultMode(self.mode)
+        object.__setattr__(self, "mode", FaultMode(self.mode))  # a request's int is a FaultMode from here on
+        mode = self.mode
         given = {
             FaultMode.FLAP: ("a flap period", self.period is not None),
             FaultMode.LOSSY: ("a loss", self.loss_percent != 0),
@@ -59,7 +60,7 @@ class Fault:
 
     def describe(self) -> str:
         """The fault as an operator writes it: "down", "flap", "lossy 5%", "slow 100mbit"."""
-        name = FaultMode(self.mode).name.lower()
+        name = self.mode.name.lower()
         if self.mode == FaultMode.LOSSY:
             return f"{name} {self.loss_percent:g}%"
         if self.mode == FaultMode.SLOW:

@@ -89,3 +89,8 @@ def test_a_fault_that_cannot_be_is_refused_in_one_line(mode: FaultMode, given: d
 )
 def test_a_sound_fault_says_what_it_is(fault: Fault, described: str) -> None:
     assert fault.describe() == described
+
+
+def test_a_mode_given_as_the_requests_int_becomes_a_fault_mode() -> None:
+    fault = Fault(4, loss_percent=1.0)  # type: ignore[arg-type]
+    assert fault.mode is FaultMode.LOSSY and fault == Fault(FaultMode.LOSSY, loss_percent=1.0)
