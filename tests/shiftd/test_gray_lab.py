@@ -149,16 +149,22 @@ def held_down(lab: Lab, back: float) -> float:
 def test_a_link_that_bounces_several_times_stays_down_longer_than_one_that_bounced_once(lab: Lab) -> None:
     assert wait_until(lambda: h0_nic(lab).flap_penalty < 50, timeout=15)  # nothing left of earlier tests
     once = held_down(lab, bounce(lab, 1))
-    assert 0.9 < once < 1.6  # the lab's hold-down, 1 s: a penalty of 1000 suppresses nothing
+    assert 0.9 < once < 2.0  # the lab's hold-down, 1 s: a penalty of 1000 suppresses nothing
 
     assert wait_until(lambda: h0_nic(lab).flap_penalty < 50, timeout=15)
     back = bounce(lab, 6)
-    nic = h0_nic(lab)
-    assert (nic.state, nic.reason) == (common_pb2.NIC_STATE_DOWN, "flap_damped")
-    assert nic.flap_penalty > 2000  # above the suppress threshold
-    assert penalty_metric(lab) > 2000
+    before = h0_nic(lab)
+    assert (before.state, before.reason) == (common_pb2.NIC_STATE_DOWN, "flap_damped")
+    assert before.flap_penalty > 2000  # above the suppress threshold
+    # shiftctl and /metrics take their time (a busy machine: seconds), and the penalty decays meanwhile:
+    # each shows a value between the daemon's own readings just before and just after
     row = nic_row(lab, "h0", "mlx5_0")
-    assert row[3:5] == ["DOWN", "flap_damped"] and float(row[8]) > 2000
+    metric = penalty_metric(lab)
+    after = h0_nic(lab)
+    assert before.flap_penalty + 0.5 >= float(row[8]) >= after.flap_penalty - 0.5  # shown rounded
+    assert before.flap_penalty >= metric >= after.flap_penalty > 0
+    if after.reason == "flap_damped":  # still suppressed after shiftctl ran: so it was while it ran
+        assert row[3:5] == ["DOWN", "flap_damped"]
     several = held_down(lab, back)
     print(f"lab damping: DOWN {once:.2f} s after one bounce, {several:.2f} s after six")
     assert several > once + 0.8
