@@ -18,6 +18,7 @@ from libshift.devicetable import DeviceTableError, parse_table
 
 DEFAULT_PATH = Path("/etc/shift/shiftd.toml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_SUPPRESS_HALF_LIVES = 64  # damping's ceiling is reuse x 2^64 at most: ample, and a float holds it
 
 
 class ConfigError(ValueError):
@@ -63,6 +64,22 @@ class HealthConfig:
 
 
 @dataclass(frozen=True)
+class DampingConfig:
+    """Flap damping after RFC 2439 (shiftd/damping.py; docs/operations.md). penalty = 0 turns it off."""
+
+    penalty: float = 1000.0  # what each flap of the NIC's own link or port adds
+    suppress_threshold: float = 2000.0  # a flap that takes the penalty above this suppresses the NIC ...
+    reuse_threshold: float = 750.0  # ... which then stays DOWN until the penalty has decayed to this
+    half_life_seconds: float = 60.0  # the penalty halves in this time
+    max_suppress_seconds: float = 300.0  # the longest a NIC that went quiet stays suppressed
+
+    @property
+    def ceiling(self) -> float:
+        """The penalty's most: from it, max_suppress_seconds of quiet decay it to the reuse threshold."""
+        return self.reuse_threshold * 2 ** (self.max_suppress_seconds / self.half_life_seconds)
+
+
+@dataclass(frozen=True)
 class MonitorsConfig:
     netlink: bool = True
     udev: bool = True
@@ -87,6 +104,7 @@ class Config:
     etcd: EtcdConfig = field(default_factory=EtcdConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    damping: DampingConfig = field(default_factory=DampingConfig)
     monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     # tcp-provider devices: RDMA device name -> netdev
@@ -98,6 +116,7 @@ SECTIONS: dict[str, type] = {
     "etcd": EtcdConfig,
     "metrics": MetricsConfig,
     "health": HealthConfig,
+    "damping": DampingConfig,
     "monitors": MonitorsConfig,
     "faults": FaultsConfig,
 }
@@ -194,15 +213,18 @@ def _check_ranges(name: str, section: Any) -> None:
     positive = {
         "etcd": ("lease_ttl_seconds", "timeout_seconds", "retry_initial_seconds", "retry_max_seconds"),
         "health": (),
+        "damping": ("reuse_threshold", "half_life_seconds", "max_suppress_seconds"),
         "monitors": ("rdma_poll_seconds",),
         "faults": ("flap_period_seconds",),
         "server": ("max_message_bytes", "publish_rate", "publish_burst"),
     }
     for key in positive.get(name, ()):
-        if getattr(section, key) <= 0:
+        if not getattr(section, key) > 0:  # also refuses TOML's nan
             raise ConfigError(f"{name}.{key}: must be greater than 0")
     if name == "health" and section.hold_down_seconds < 0:
         raise ConfigError("health.hold_down_seconds: must not be negative")
+    if name == "damping":
+        _check_damping(section)
     if name == "etcd":
         if section.lease_ttl_seconds < 2:
             raise ConfigError("etcd.lease_ttl_seconds: must be at least 2")
@@ -218,6 +240,23 @@ def _check_ranges(name: str, section: Any) -> None:
             raise ConfigError("server.max_message_bytes: must be at least 1024")
     if name == "metrics" and section.listen:
         parse_host_port("metrics.listen", section.listen)
+
+
+def _check_damping(damping: DampingConfig) -> None:
+    if not damping.penalty >= 0:
+        raise ConfigError("damping.penalty: must not be negative (0 turns damping off)")
+    if not damping.suppress_threshold > damping.reuse_threshold:
+        raise ConfigError("damping.suppress_threshold: must be above damping.reuse_threshold")
+    most = MAX_SUPPRESS_HALF_LIVES * damping.half_life_seconds
+    if damping.max_suppress_seconds > most:
+        limit = f"at most {MAX_SUPPRESS_HALF_LIVES} half-lives ({most:g} s)"
+        raise ConfigError(f"damping.max_suppress_seconds: {limit}")
+    if not damping.ceiling > damping.suppress_threshold:
+        raise ConfigError(
+            f"damping.max_suppress_seconds: too short: the penalty's ceiling, reuse_threshold x "
+            f"2^(max_suppress_seconds / half_life_seconds) = {damping.ceiling:.0f}, must be above "
+            "suppress_threshold, or no NIC is ever suppressed"
+        )
 
 
 def _check_etcd_security(etcd: EtcdConfig) -> None:

@@ -1,7 +1,8 @@
 """`shiftctl`: the operator's CLI for shiftd (status, NICs, events, fault injection).
 
-Every failure a user can cause (no daemon, no permission, unknown device) is one line on
-stderr and a non-zero exit; tracebacks are for bugs only.
+Every failure a user can cause (no daemon, no permission, unknown device, a fault's bad
+parameter) is one line on stderr and a non-zero exit (2 for a mistake in the arguments);
+tracebacks are for bugs only.
 """
 
 from __future__ import annotations
@@ -18,11 +19,31 @@ from google.protobuf import json_format
 
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from shiftd import __version__
+from shiftd.fault_spec import Fault, FaultSpecError, parse_loss, parse_rate
+from shiftd.nic import FaultMode
 
 DEFAULT_SOCKET = "/run/shift/shiftd.sock"
-MODES = {"down": common_pb2.FAULT_MODE_DOWN, "blackhole": common_pb2.FAULT_MODE_BLACKHOLE,
-         "flap": common_pb2.FAULT_MODE_FLAP}  # fmt: skip
+MODES = {"down": FaultMode.DOWN, "blackhole": FaultMode.BLACKHOLE, "flap": FaultMode.FLAP,
+         "lossy": FaultMode.LOSSY, "slow": FaultMode.SLOW}  # fmt: skip
+MODES_HELP = """\
+modes:
+  down       the link is set down: its peer loses carrier
+  blackhole  link and carrier stay up, every packet is dropped, both ways (tc)
+  flap       the link goes down and up every --period seconds until recovered
+  lossy      link and carrier stay up, each packet is dropped with the chance --loss,
+             both ways (tc, random)
+  slow       link and carrier stay up, what the NIC sends is limited to --rate (tc tbf)
+
+shiftd says the NIC is DOWN under the first three (agents move its traffic to a backup at
+once) and DEGRADED under lossy and slow (the traffic stays and meets the gray failure; no
+failback onto the NIC until it is recovered). `shiftctl recover-nic DEVICE` removes any of
+them. Examples:
+  shiftctl fail-nic mlx5_0 --mode lossy --loss 5%
+  shiftctl fail-nic mlx5_0 --mode slow --rate 100mbit
+  shiftctl fail-nic mlx5_0 --mode flap --period 0.5"""
+NEEDS = {"lossy": ("loss", "5%"), "slow": ("rate", "100mbit")}  # the flag each mode needs, and an example
 EXIT_ERROR = 1
+EXIT_USAGE = 2
 
 
 class CtlError(Exception):
@@ -55,7 +76,7 @@ def format_table(header: list[str], rows: Iterable[list[str]]) -> str:
 
 
 def format_nics(nics: Iterable[common_pb2.Nic]) -> str:
-    header = ["DEVICE", "NETDEV", "PROVIDER", "STATE", "REASON", "LINK", "CARRIER", "FAULT", "GID"]
+    header = ["DEVICE", "NETDEV", "PROVIDER", "STATE", "REASON", "LINK", "CARRIER", "FAULT", "PENALTY", "GID"]
     rows = [
         [
             n.device,
@@ -66,6 +87,7 @@ def format_nics(nics: Iterable[common_pb2.Nic]) -> str:
             "up" if n.admin_up else "down",
             "yes" if n.carrier else "no",
             fault_name(n.fault),
+            f"{n.flap_penalty:.0f}",
             n.gid or "-",
         ]
         for n in nics
@@ -177,12 +199,28 @@ def cmd_events(client: Client, args: argparse.Namespace) -> None:
         print(json.dumps(to_dict(event)) if args.json else format_event(event), flush=True)
 
 
+def fault_of(args: argparse.Namespace) -> Fault:
+    """The fault fail-nic's arguments ask for, checked before any call: a mistake is one line."""
+    if args.mode in NEEDS and getattr(args, NEEDS[args.mode][0]) is None:
+        flag, example = NEEDS[args.mode]
+        raise FaultSpecError(f"--mode {args.mode} needs --{flag} (e.g. --{flag} {example})")
+    loss = 0.0 if args.loss is None else parse_loss(args.loss)
+    rate = 0 if args.rate is None else parse_rate(args.rate)
+    return Fault(MODES[args.mode], args.period or None, loss, rate)
+
+
 def cmd_fail_nic(client: Client, args: argparse.Namespace) -> None:
+    fault = args.fault
     request = admin_pb2.FailNicRequest(
-        device=args.device, mode=MODES[args.mode], flap_period_seconds=args.period
+        device=args.device,
+        mode=int(fault.mode),
+        flap_period_seconds=fault.period or 0.0,
+        loss_percent=fault.loss_percent,
+        rate_bits_per_second=fault.rate_bits,
     )
     nic = client.admin.FailNic(request, timeout=client.timeout).nic
-    print(f"{nic.device} ({nic.netdev}): {args.mode} injected; state {state_name(nic.state)} ({nic.reason})")
+    state = f"state {state_name(nic.state)} ({nic.reason})"
+    print(f"{nic.device} ({nic.netdev}): {fault.describe()} injected; {state}")
 
 
 def cmd_recover_nic(client: Client, args: argparse.Namespace) -> None:
@@ -224,16 +262,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_events)
 
     p = sub.add_parser(
-        "fail-nic", help="inject a fault on a NIC (really: link down, tc black hole or flapping)"
+        "fail-nic",
+        help="inject a real fault on a NIC: link down, black hole, flapping, packet loss or a rate limit",
+        description="Inject a real fault on a NIC's link, in the kernel (netlink and tc), until recover-nic.",
+        epilog=MODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("device", help="RDMA device name, e.g. mlx5_0")
-    p.add_argument("--mode", choices=sorted(MODES), default="down", help="kind of fault (default down)")
+    p.add_argument("--mode", choices=list(MODES), default="down", help="kind of fault (default down)")
     p.add_argument(
-        "--period", type=float, default=0.0, help="flap: seconds between toggles (default: config)"
+        "--period",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="flap: seconds of one down-and-up cycle (default: faults.flap_period_seconds of shiftd)",
+    )
+    p.add_argument(
+        "--loss",
+        metavar="PERCENT",
+        help="lossy: the chance that a packet is dropped, e.g. 5%% or 0.5%% (more than 0, less than 100)",
+    )
+    p.add_argument(
+        "--rate",
+        metavar="RATE",
+        help="slow: bits per second the NIC may send, in tc's units: e.g. 100mbit, 2.5gbit (1kbit to 10tbit)",
     )
     p.set_defaults(func=cmd_fail_nic)
 
-    p = sub.add_parser("recover-nic", help="undo an injected fault")
+    p = sub.add_parser("recover-nic", help="remove an injected fault, whichever it is")
     p.add_argument("device", help="RDMA device name, e.g. mlx5_0")
     p.set_defaults(func=cmd_recover_nic)
     return parser
@@ -241,9 +297,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "backlog", 0) < 0 or getattr(args, "period", 0.0) < 0:
-        print("shiftctl: --backlog and --period must not be negative", file=sys.stderr)
-        return 2
+    if getattr(args, "backlog", 0) < 0:
+        print("shiftctl: --backlog must not be negative", file=sys.stderr)
+        return EXIT_USAGE
+    if args.func is cmd_fail_nic:
+        try:
+            args.fault = fault_of(args)
+        except FaultSpecError as exc:
+            print(f"shiftctl: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     client = Client(args.socket, args.timeout)
     try:
         client.check_reachable()

@@ -26,6 +26,7 @@ from shiftd import __version__, inventory, monitors
 from shiftd import config as config_mod
 from shiftd.agents import AgentTable, RefusedRequest, encode
 from shiftd.events import EventBus
+from shiftd.fault_spec import Fault
 from shiftd.faults import FaultInjector
 from shiftd.health import Transition
 from shiftd.listenfds import ListenError, inherited_socket
@@ -75,7 +76,11 @@ class Daemon:
             raise StartupError(str(exc)) from None
         self._hold_timer: asyncio.TimerHandle | None = None
         self.nics = NicTable(
-            specs, config.health.hold_down_seconds, self._on_transition, self._rearm_hold_timer
+            specs,
+            config.health.hold_down_seconds,
+            self._on_transition,
+            self._rearm_hold_timer,
+            damping=config.damping,
         )
         self.agents = AgentTable(self.registry, self._on_agent_change)
         self.faults = FaultInjector(config.faults.flap_period_seconds)
@@ -244,6 +249,9 @@ class Daemon:
         for record in self.nics.records.values():
             self.metrics.set_nic(record.name, record.spec.netdev, record.health.state)
             self.metrics.link_events.labels(record.name, record.spec.netdev)  # the series exists from 0
+            self.metrics.flap_penalty.labels(record.name, record.spec.netdev).set_function(
+                lambda name=record.name: self.nics.flap_penalty(name)
+            )
         self.metrics.etcd_up.set_function(lambda: 1 if self.registry.connected else 0)
         self.metrics.etcd_pending.set_function(lambda: self.registry.pending)
         self.metrics.agents.set_function(lambda: len(self.agents.agents))
@@ -277,7 +285,7 @@ class Daemon:
         log.warning("no state yet for %s after %.1fs; serving anyway", ", ".join(unknown), timeout)
 
     def _rearm_hold_timer(self) -> None:
-        """Tick the health machines when the next hold-down ends (flap damping).
+        """Tick the health machines when the next hold-down or suppression ends (flap damping).
 
         A timer handle on the loop, set again after every input, rather than a task woken by
         an event: a NIC event then costs no task switch ahead of the agents' stream writes.
@@ -379,25 +387,23 @@ class Daemon:
             report.time_unix_nanos = time.time_ns()
         self.bus.publish(admin_pb2.Event(failover=report))
 
-    async def fail_nic(
-        self, device: str, mode: FaultMode, period: float | None, by_uid: int
-    ) -> common_pb2.Nic:
+    async def fail_nic(self, device: str, fault: Fault, by_uid: int) -> common_pb2.Nic:
         record = self.nics.get(device)
         previous = record.health.fault
         # Health first: the agents hear "operator_*" before the link drops, the fastest detection.
-        self.nics.set_fault(device, mode)
+        self.nics.set_fault(device, fault.mode)
         try:
-            await self.faults.apply(record.spec.netdev, mode, period)
+            await self.faults.apply(record.spec.netdev, fault)
         except Exception as exc:  # a netlink or tc failure: the operator must see why
             self.nics.set_fault(device, previous)
             raise RefusedRequest(
-                "FAILED_PRECONDITION", f"cannot inject {mode.name.lower()} on {device}: {exc}"
+                "FAILED_PRECONDITION", f"cannot inject {fault.describe()} on {device}: {exc}"
             ) from exc
         self._publish_nic(device)
-        self.metrics.faults.labels(device, mode.name.lower()).inc()
-        self.bus.publish(admin_pb2.Event(fault=admin_pb2.FaultChange(device=device, mode=int(mode))))
+        self.metrics.faults.labels(device, fault.mode.name.lower()).inc()
+        self.bus.publish(admin_pb2.Event(fault=admin_pb2.FaultChange(device=device, mode=int(fault.mode))))
         log.warning(
-            "fault %s injected on %s (%s) by uid %d", mode.name.lower(), device, record.spec.netdev, by_uid
+            "fault %s injected on %s (%s) by uid %d", fault.describe(), device, record.spec.netdev, by_uid
         )
         return self.nics.to_proto(device)
 

@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 from libshift.api.shift.v1 import admin_pb2, common_pb2
 from shiftd.agents import AgentTable
 from shiftd.events import EventBus
-from shiftd.nic import FaultMode
+from shiftd.fault_spec import Fault
 from shiftd.peercred import PeerCred
 
 
@@ -64,8 +64,6 @@ class DaemonView(Protocol):
 
     def status(self) -> admin_pb2.StatusResponse: ...
 
-    async def fail_nic(
-        self, device: str, mode: FaultMode, period: float | None, by_uid: int
-    ) -> common_pb2.Nic: ...
+    async def fail_nic(self, device: str, fault: Fault, by_uid: int) -> common_pb2.Nic: ...
 
     async def recover_nic(self, device: str, by_uid: int) -> common_pb2.Nic: ...

@@ -3,10 +3,14 @@
 Faults are real, so that the monitors and the tcp provider see exactly what a broken NIC does:
 DOWN sets the link down (the veth peer loses carrier); BLACKHOLE keeps link and carrier up but
 drops every packet both ways, the gray failure that only a timeout reveals; FLAP toggles the link
-until cleared. The black hole is a clsact qdisc with a one-instruction classic BPF filter
-("return TC_ACT_SHOT") in direct-action mode on ingress and egress: it needs neither act_gact
-nor cls_matchall, which minimal kernels lack. pyroute2 cannot send classic BPF filters, so those
-two filters go through `tc`; everything else is netlink.
+until cleared; LOSSY drops each packet, both ways, with a given chance; SLOW limits what the NIC
+sends to a rate (tbf, the kernel's token bucket; shaping what arrives would need an ifb device).
+
+BLACKHOLE and LOSSY are a clsact qdisc with a classic BPF filter in direct-action mode on ingress
+and egress, whose return value is the packet's verdict: "drop" for the black hole, "drop when the
+kernel's random number is below the loss" for LOSSY. They need neither act_gact, cls_matchall nor
+sch_netem, which minimal kernels lack (the lab's has none of them). pyroute2 can send neither
+classic BPF filters nor tbf's 64-bit rates, so those go through `tc`; everything else is netlink.
 """
 
 from __future__ import annotations
@@ -18,12 +22,19 @@ import logging
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from shiftd.fault_spec import Fault, format_rate
 from shiftd.nic import FaultMode
 
 log = logging.getLogger(__name__)
 
-# classic BPF of 1 instruction, BPF_RET|BPF_K with k = 2 (TC_ACT_SHOT), run in direct-action mode
-DROP_ALL_FILTER = ("protocol", "all", "bpf", "bytecode", "1,6 0 0 2", "da")
+# classic BPF, one instruction: BPF_RET|BPF_K with k = 2 (TC_ACT_SHOT)
+DROP_ALL_PROGRAM = "1,6 0 0 2"
+# BPF_LD|BPF_W|BPF_ABS of SKF_AD_OFF + SKF_AD_RANDOM (a random u32), as classic BPF's k (unsigned)
+LOAD_RANDOM = f"32 0 0 {(-0x1000 + 56) & 0xFFFFFFFF}"
+TBF_HANDLE = 0x5FF00000  # tbf's handle 5ff0: marks our rate limit, so no other root qdisc is removed
+TC_H_ROOT = 0xFFFFFFFF
+TBF_LATENCY = "50ms"  # how long a packet may wait in the bucket before it is dropped
+TBF_MIN_BURST = 65536  # bytes: one whole GSO segment passes at once
 
 
 class FaultError(RuntimeError):
@@ -34,38 +45,44 @@ class FaultInjector:
     """Applies and clears faults; one fault per netdev at a time, a new one replaces the old."""
 
     def __init__(self, flap_period: float = 1.0) -> None:
-        _check_period(flap_period)
+        if not flap_period > 0:
+            raise FaultError(f"flap period must be greater than 0, not {flap_period}")
         self.flap_period = flap_period
-        self._active: dict[str, FaultMode] = {}
+        self._active: dict[str, Fault] = {}
         self._flappers: dict[str, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
 
     def active(self, netdev: str) -> FaultMode:
-        return self._active.get(netdev, FaultMode.NONE)
+        fault = self._active.get(netdev)
+        return FaultMode.NONE if fault is None else fault.mode
 
-    async def apply(self, netdev: str, mode: FaultMode, period: float | None = None) -> None:
-        """Inject `mode` on `netdev`; FLAP toggles every period/2 (down half, up half)."""
-        if mode == FaultMode.NONE:
+    async def apply(self, netdev: str, fault: Fault) -> None:
+        """Inject `fault` on `netdev`; FLAP toggles every period/2 (down half, up half)."""
+        if fault.mode == FaultMode.NONE:
             await self.clear(netdev)
             return
-        period = self.flap_period if period is None else period
-        _check_period(period)
         async with self._lock, AsyncIPRoute() as ipr:
             index = await _index(ipr, netdev)
             await self._undo(ipr, netdev, index)
-            if mode == FaultMode.DOWN:
+            if fault.mode == FaultMode.DOWN:
                 await ipr.link("set", index=index, state="down")
-            elif mode == FaultMode.BLACKHOLE:
-                await _blackhole(ipr, netdev, index)
-            elif mode == FaultMode.FLAP:
+            elif fault.mode == FaultMode.BLACKHOLE:
+                await _filter_both_ways(ipr, netdev, index, DROP_ALL_PROGRAM)
+            elif fault.mode == FaultMode.LOSSY:
+                await _filter_both_ways(ipr, netdev, index, _random_drop_program(fault.loss_percent))
+            elif fault.mode == FaultMode.SLOW:
+                await _rate_limit(netdev, fault.rate_bits)
+            elif fault.mode == FaultMode.FLAP:
+                period = self.flap_period if fault.period is None else fault.period
                 self._flappers[netdev] = asyncio.create_task(_flap(netdev, index, period))
             else:
-                raise FaultError(f"unknown fault mode {mode!r}")
-            self._active[netdev] = FaultMode(mode)
-        log.info("fault %s applied to %s", FaultMode(mode).name, netdev)
+                raise FaultError(f"unknown fault mode {fault.mode!r}")
+            self._active[netdev] = fault
+        log.info("fault %s applied to %s", fault.describe(), netdev)
 
     async def clear(self, netdev: str) -> None:
-        """Undo any fault on `netdev`: stop flapping, remove the black hole, set the link up.
+        """Undo any fault on `netdev`: stop flapping, remove the filters and the rate limit, set the
+        link up.
 
         It acts even when this injector applied nothing, so a daemon restarted mid-fault can
         still recover the NIC.
@@ -89,15 +106,13 @@ class FaultInjector:
             flapper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flapper
-        if "clsact" in [q.get("kind") async for q in await ipr.get_qdiscs(index=index)]:
+        qdiscs = [(q.get("kind"), q["handle"]) async for q in await ipr.get_qdiscs(index=index)]
+        if any(kind == "clsact" for kind, _ in qdiscs):
             await ipr.tc("del", "clsact", index)
+        if ("tbf", TBF_HANDLE) in qdiscs:
+            await ipr.tc("del", index=index, handle=TBF_HANDLE, parent=TC_H_ROOT)
         await ipr.link("set", index=index, state="up")
         self._active.pop(netdev, None)
-
-
-def _check_period(period: float) -> None:
-    if not period > 0:
-        raise FaultError(f"flap period must be greater than 0, not {period}")
 
 
 async def _index(ipr: AsyncIPRoute, netdev: str) -> int:
@@ -107,14 +122,28 @@ async def _index(ipr: AsyncIPRoute, netdev: str) -> int:
     return indexes[0]
 
 
-async def _blackhole(ipr: AsyncIPRoute, netdev: str, index: int) -> None:
+def _random_drop_program(percent: float) -> str:
+    """Classic BPF that drops a packet when a random u32 is below percent% of 2^32:
+    ld rand; jge #threshold, pass, drop; ret #TC_ACT_OK; ret #TC_ACT_SHOT."""
+    threshold = min(int(percent / 100 * 2**32), 2**32 - 1)
+    return f"4,{LOAD_RANDOM},53 0 1 {threshold},6 0 0 0,6 0 0 2"
+
+
+async def _filter_both_ways(ipr: AsyncIPRoute, netdev: str, index: int, program: str) -> None:
+    classifier = ("bpf", "bytecode", program, "da")
     await ipr.tc("add", "clsact", index)
     try:
         for direction in ("ingress", "egress"):
-            await _run_tc("filter", "add", "dev", netdev, direction, *DROP_ALL_FILTER)
+            await _run_tc("filter", "add", "dev", netdev, direction, "protocol", "all", *classifier)
     except BaseException:
-        await ipr.tc("del", "clsact", index)  # half a black hole would be a different fault
+        await ipr.tc("del", "clsact", index)  # half a fault would be a different fault
         raise
+
+
+async def _rate_limit(netdev: str, rate_bits: int) -> None:
+    burst = max(TBF_MIN_BURST, rate_bits // 8000)  # and at least a millisecond's worth at the rate
+    shape = ("rate", format_rate(rate_bits), "burst", str(burst), "latency", TBF_LATENCY)
+    await _run_tc("qdisc", "add", "dev", netdev, "root", "handle", f"{TBF_HANDLE >> 16:x}:", "tbf", *shape)
 
 
 async def _run_tc(*args: str) -> None:

@@ -3,24 +3,33 @@
 A pure state machine (no I/O, no clock of its own): every input carries `now`, so the daemon
 drives it from its event loop and the tests from a fake clock. Going DOWN is immediate because
 that is what lets libshift fail over before the transport's retry timeout; coming back is
-damped, because failing back onto a link that bounces costs more than staying on the backup.
+damped, because failing back onto a link that bounces costs more than staying on the backup:
+always by the fixed hold-down, and for a NIC that keeps flapping by its penalty (damping.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shiftd.config import DampingConfig
+from shiftd.damping import FlapDamper
 from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PortStatus
 
+# An operator's fault that takes the NIC out of service: DOWN, so the agents fail over at once.
 FAULT_REASONS = {
     FaultMode.DOWN: "operator_down",
     FaultMode.BLACKHOLE: "operator_blackhole",
     FaultMode.FLAP: "operator_flap",
 }
+# A gray fault leaves the NIC carrying traffic, only worse: DEGRADED, on which agents stay (the point
+# of injecting it is to see what the traffic does) but onto which they do not fail back.
+GRAY_FAULT_REASONS = {FaultMode.LOSSY: "operator_lossy", FaultMode.SLOW: "operator_slow"}
 # RDMA port states in which the port carries traffic; DOWN/NOP are unusable, the rest
 # (INIT, ARMED) mean the link trained but the port is not ready: DEGRADED.
 ACTIVE_PORT_STATES = ("ACTIVE", "ACTIVE_DEFER")
 DOWN_PORT_STATES = ("DOWN", "NOP")
+# the reasons of a NIC that works again but is held DOWN: by the hold-down, or suppressed by its penalty
+HELD_REASONS = ("hold_down", "flap_damped")
 
 
 @dataclass(frozen=True)
@@ -43,12 +52,16 @@ class NicHealth:
     and so does a relapse: a new problem while DOWN in hold-down is a DOWN again (DOWN -> DOWN),
     because whoever started to use the NIC meanwhile (its link works; a job may connect its QPs
     there in those seconds) must hear that it broke again. `reason` always tells the current
-    cause, including while DOWN in hold-down.
+    cause, including while held DOWN ("hold_down", or "flap_damped" while the penalty suppresses).
+
+    A flap, for the penalty, is the NIC's own signals going from usable to unusable; what an
+    operator's fault does to the link is not one (the operator meant it).
     """
 
-    def __init__(self, spec: NicSpec, hold_down_seconds: float) -> None:
+    def __init__(self, spec: NicSpec, hold_down_seconds: float, damping: DampingConfig | None = None) -> None:
         self.spec = spec
         self.hold_down_seconds = hold_down_seconds
+        self.damper = FlapDamper(damping or DampingConfig())
         self.state = NicState.UNSPECIFIED
         self.reason = ""
         self.link: LinkStatus | None = None
@@ -58,6 +71,7 @@ class NicHealth:
         self.link_events = 0  # flips of the link between usable and unusable, for metrics
         self.last_change: float | None = None  # `now` of the last state change
         self._hold_until: float | None = None
+        self._usable = False  # the NIC's own signals, all known and all good, at the last input
 
     # inputs
 
@@ -79,7 +93,7 @@ class NicHealth:
         return self._evaluate(now)
 
     def set_fault(self, fault: FaultMode, now: float) -> Transition | None:
-        """An operator's fault: any mode but NONE holds the NIC DOWN until cleared."""
+        """An operator's fault: DOWN until cleared, or DEGRADED for a gray one (lossy, slow)."""
         self.fault = fault
         return self._evaluate(now)
 
@@ -88,34 +102,43 @@ class NicHealth:
         return self._evaluate(now)
 
     def next_deadline(self) -> float | None:
-        """When tick() may change the state (the end of the hold-down), or None."""
+        """When tick() may change the state (the end of the hold-down or suppression), or None."""
         return self._hold_until
 
     # decisions
 
     def _evaluate(self, now: float) -> Transition | None:
+        self._count_flap(now)
         problem = self._problem()
         if problem is not None:
             self._hold_until = None
             return self._move(NicState.DOWN, problem, now)
         if self._waiting_for_signals():
             return None
-        degraded = self.port is not None and self.port.state not in ACTIVE_PORT_STATES
+        degraded = self._degradation()
         target = NicState.DEGRADED if degraded else NicState.UP
         if self.state is not NicState.DOWN:
-            return self._move(target, "port_not_active" if degraded else "up", now)
-        if self._hold_until is None:
-            self._hold_until = now + self.hold_down_seconds
+            return self._move(target, degraded or "up", now)
+        if self._hold_until is None:  # set once per recovery: only a new flap, which resets it, moves it
+            self._hold_until = max(now + self.hold_down_seconds, self.damper.release(now) or now)
         if now < self._hold_until:
-            self.reason = "hold_down"
+            self.reason = "flap_damped" if self.damper.suppressed(now) else "hold_down"
             return None
         self._hold_until = None
-        return self._move(target, "port_not_active" if degraded else "recovered", now)
+        return self._move(target, degraded or "recovered", now)
+
+    def _count_flap(self, now: float) -> None:
+        usable = self._signal_problem() is None and not self._waiting_for_signals()
+        if self._usable and not usable and self.fault not in FAULT_REASONS:
+            self.damper.flap(now)
+        self._usable = usable
 
     def _problem(self) -> str | None:
         """Why the NIC cannot carry traffic now, most fundamental cause first; None if it can."""
-        if self.fault is not FaultMode.NONE:
-            return FAULT_REASONS[self.fault]
+        return FAULT_REASONS.get(self.fault) or self._signal_problem()
+
+    def _signal_problem(self) -> str | None:
+        """What the NIC's own signals say is wrong, whatever an operator did; None if nothing."""
         if not self.present:
             return "device_removed"
         link = self.link
@@ -132,14 +155,22 @@ class NicHealth:
             return "port_down"
         return None
 
+    def _degradation(self) -> str | None:
+        """Why a NIC that can carry traffic is not fully healthy; None if it is."""
+        if self.fault in GRAY_FAULT_REASONS:
+            return GRAY_FAULT_REASONS[self.fault]
+        if self.port is not None and self.port.state not in ACTIVE_PORT_STATES:
+            return "port_not_active"
+        return None
+
     def _waiting_for_signals(self) -> bool:
         needs_link = bool(self.spec.netdev) and self.link is None
         needs_port = self.spec.provider == "verbs" and self.port is None
         return needs_link or needs_port
 
     def _move(self, state: NicState, reason: str, now: float) -> Transition | None:
-        held = self.state is NicState.DOWN and self.reason == "hold_down"
-        relapse = held and state is NicState.DOWN and reason != "hold_down"
+        held = self.state is NicState.DOWN and self.reason in HELD_REASONS
+        relapse = held and state is NicState.DOWN and reason not in HELD_REASONS
         self.reason = reason
         if state is self.state and not relapse:
             return None

@@ -46,6 +46,13 @@ class Metrics:
             ["device", "netdev"],
             registry=r,
         )
+        self.flap_penalty = Gauge(
+            "shift_nic_flap_penalty",
+            "Flap damping's penalty of the NIC: each flap adds to it, it halves every half-life; above the "
+            "suppress threshold the NIC is held DOWN until it has decayed to the reuse threshold.",
+            ["device", "netdev"],
+            registry=r,
+        )
         self.nic_transitions = Counter(
             "shift_nic_transitions_total",
             "Health state changes of the NIC.",

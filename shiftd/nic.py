@@ -22,6 +22,8 @@ class FaultMode(enum.IntEnum):
     DOWN = 1
     BLACKHOLE = 2
     FLAP = 3
+    LOSSY = 4
+    SLOW = 5
 
 
 @dataclass(frozen=True)

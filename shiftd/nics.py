@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from libshift.api.shift.v1 import common_pb2
 from libshift.gid import gid_of_ipv4
+from shiftd.config import DampingConfig
 from shiftd.health import NicHealth, Transition
 from shiftd.nic import DeviceChange, FaultMode, LinkStatus, NicSpec, PortStatus
 
@@ -43,13 +44,14 @@ class NicTable:
         on_transition: Callable[[NicRecord, Transition], None],
         on_input: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        damping: DampingConfig | None = None,
     ) -> None:
         self._clock = clock
         self._on_transition = on_transition
         self._on_input = on_input  # any input may move a hold-down deadline
         self.records: dict[str, NicRecord] = {
             nic_name(spec.device, spec.port): NicRecord(
-                nic_name(spec.device, spec.port), spec, NicHealth(spec, hold_down), time.time_ns()
+                nic_name(spec.device, spec.port), spec, NicHealth(spec, hold_down, damping), time.time_ns()
             )
             for spec in specs
         }
@@ -129,7 +131,12 @@ class NicTable:
             last_change_unix_nanos=record.wall_last_change_ns,
             link_events=health.link_events,
             gid=gid_of_ipv4(ipv4[0].split("/")[0]) if ipv4 else "",
+            flap_penalty=self.flap_penalty(device),
         )
+
+    def flap_penalty(self, device: str) -> float:
+        """The NIC's damping penalty now (also read by /metrics, from its own thread: two floats)."""
+        return self.get(device).health.damper.penalty(self._clock())
 
     def all_protos(self) -> list[common_pb2.Nic]:
         return [self.to_proto(device) for device in self.devices]

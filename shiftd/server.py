@@ -21,6 +21,7 @@ from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb
 from shiftd.agents import RefusedRequest, mr_key, qp_key
 from shiftd.daemon_view import DaemonView
 from shiftd.events import EventBus, StreamWriter, SubscriberOverflow
+from shiftd.fault_spec import Fault, FaultSpecError
 from shiftd.nic import FaultMode
 from shiftd.nics import UnknownDevice
 from shiftd.peercred import PeerCred
@@ -176,14 +177,18 @@ class AdminService(_Base, admin_pb2_grpc.AdminServicer):
 
     @unary(admin=True)
     async def FailNic(self, request, context, cred):
-        mode = FaultMode(request.mode) if request.mode in FaultMode._value2member_map_ else None
-        if mode is None:
+        if request.mode not in FaultMode._value2member_map_:
             raise RefusedRequest("INVALID_ARGUMENT", f"unknown fault mode {request.mode}")
-        if request.flap_period_seconds < 0 or request.flap_period_seconds > 3600:
-            raise RefusedRequest("INVALID_ARGUMENT", "flap_period_seconds must be within 0..3600")
-        nic = await self.daemon.fail_nic(
-            request.device, mode or FaultMode.DOWN, request.flap_period_seconds or None, by_uid=cred.uid
-        )
+        try:
+            fault = Fault(
+                FaultMode(request.mode) or FaultMode.DOWN,
+                request.flap_period_seconds or None,
+                request.loss_percent,
+                request.rate_bits_per_second,
+            )
+        except FaultSpecError as exc:
+            raise RefusedRequest("INVALID_ARGUMENT", str(exc)) from None
+        nic = await self.daemon.fail_nic(request.device, fault, by_uid=cred.uid)
         return admin_pb2.FailNicResponse(nic=nic)
 
     @unary(admin=True)

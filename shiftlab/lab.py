@@ -240,6 +240,8 @@ class Lab:
             f"[etcd]\nendpoints = {json.dumps(self.etcd_endpoints)}\n\n"
             f'[metrics]\nlisten = "{self.shape.mgmt_address(i)}:{METRICS_PORT}"\n\n'
             "[health]\nhold_down_seconds = 1.0\n\n"
+            # the defaults' thresholds on a lab's time scale: a few bounces within seconds are damped
+            "[damping]\nhalf_life_seconds = 1.0\nmax_suppress_seconds = 8.0\n\n"
             f"{devices}"
         )
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 
 from libshift.api.shift.v1 import admin_pb2_grpc, agent_pb2_grpc
-from shiftd.config import Config, MetricsConfig, MonitorsConfig, ServerConfig
+from shiftd.config import Config, DampingConfig, MetricsConfig, MonitorsConfig, ServerConfig
 from shiftd.daemon import Daemon
 from shiftlab.etcdproc import free_port
 from shiftlab.pids import end
@@ -120,7 +120,7 @@ def _accepts(path: str) -> bool:
         return True
 
 
-def offline_daemon(workdir: Path, host: str = "h0") -> Daemon:
+def offline_daemon(workdir: Path, host: str = "h0", damping: DampingConfig | None = None) -> Daemon:
     """A Daemon in this process, never started: the NICs of tests/fixtures/sysfs plus tcp0 on lo, its socket
     under `workdir`, metrics not listening. For tests of its state and what it exports; no etcd is called."""
     return Daemon(
@@ -129,6 +129,7 @@ def offline_daemon(workdir: Path, host: str = "h0") -> Daemon:
             server=ServerConfig(socket=str(workdir / "shiftd.sock")),
             metrics=MetricsConfig(listen=""),
             monitors=MonitorsConfig(sysfs_root=str(SYSFS)),
+            damping=damping or DampingConfig(),
             devices={"tcp0": "lo"},
         )
     )

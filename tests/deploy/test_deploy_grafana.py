@@ -31,6 +31,7 @@ SUBJECTS = {
     "etcd health": "shift_etcd_up",
     "agents": "shift_agents",
     "link events": "shift_link_events_total",
+    "flap penalty": "shift_nic_flap_penalty",
 }
 
 

@@ -34,6 +34,10 @@ endpoints = ["198.19.0.1:2379", "http://198.19.0.2:2379"]
 lease_ttl_seconds = 5
 [health]
 hold_down_seconds = 0.5
+[damping]
+penalty = 500
+half_life_seconds = 2.5
+max_suppress_seconds = 10
 [devices]
 mlx5_0 = "ens1f0np0"
 mlx5_1 = "ens2f0np0"
@@ -44,6 +48,8 @@ mlx5_1 = "ens2f0np0"
     assert cfg.server.socket_mode == 0o600
     assert config.etcd_endpoints(cfg.etcd) == [("198.19.0.1", 2379), ("198.19.0.2", 2379)]
     assert cfg.health.hold_down_seconds == 0.5
+    damping = cfg.damping
+    assert (damping.penalty, damping.half_life_seconds, damping.reuse_threshold) == (500, 2.5, 750)
     assert cfg.devices == {"mlx5_0": "ens1f0np0", "mlx5_1": "ens2f0np0"}
 
 
@@ -66,6 +72,15 @@ mlx5_1 = "ens2f0np0"
         ("[server]\nsocket = 'relative.sock'", "server.socket: must be an absolute path"),
         ("[metrics]\nlisten = 'localhost'", "metrics.listen: 'localhost' is not HOST:PORT"),
         ("[health]\nhold_down_seconds = -1", "health.hold_down_seconds: must not be negative"),
+        ("[damping]\npenalty = -1", "damping.penalty: must not be negative (0 turns damping off)"),
+        ("[damping]\npenalty = nan", "damping.penalty: must not be negative"),
+        ("[damping]\nhalf_life_seconds = nan", "damping.half_life_seconds: must be greater than 0"),
+        ("[damping]\nreuse_threshold = 0", "damping.reuse_threshold: must be greater than 0"),
+        ("[damping]\nhalf_life_seconds = 0", "damping.half_life_seconds: must be greater than 0"),
+        ("[damping]\nsuppress_threshold = 750", "damping.suppress_threshold: must be above damping.reuse"),
+        ("[damping]\nmax_suppress_seconds = 60", "the penalty's ceiling, reuse_threshold x 2^(max_suppress"),
+        ("[damping]\nmax_suppress_seconds = 3841", "max_suppress_seconds: at most 64 half-lives (3840 s)"),
+        ("[damping]\nhalf_life = 1", "damping.half_life: unknown key (known: penalty, suppress_threshold"),
         ("[monitors]\nnetlink = 'yes'", "monitors.netlink: must be true or false"),
         ("[monitors]\nrdma_devices = []", "monitors.rdma_devices: must be a non-empty list of strings"),
         ("log_level = 'loud'", "log_level: must be one of"),
@@ -128,6 +143,7 @@ def test_shipped_example_config_is_valid_and_equals_defaults():
     assert shipped.etcd == defaults.etcd
     assert shipped.metrics == defaults.metrics
     assert shipped.health == defaults.health
+    assert shipped.damping == defaults.damping
     assert shipped.monitors == defaults.monitors
     assert shipped.faults == defaults.faults
 

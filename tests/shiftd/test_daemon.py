@@ -134,6 +134,22 @@ def test_bad_requests_get_status_codes_and_daemon_keeps_serving(daemon):
         assert code_of(admin.FailNic, admin_pb2.FailNicRequest(device="mlx5_0", mode=77)) == (
             grpc.StatusCode.INVALID_ARGUMENT
         )
+        # a gray fault without its parameter, or out of range, or a parameter of another mode: refused
+        # before anything is touched (this daemon's NIC is the host's lo)
+        lossy, slow = common_pb2.FAULT_MODE_LOSSY, common_pb2.FAULT_MODE_SLOW
+        for bad, message in [
+            (admin_pb2.FailNicRequest(mode=lossy), "loss must be greater than 0% and less than 100%"),
+            (admin_pb2.FailNicRequest(mode=lossy, loss_percent=float("nan")), "not nan%"),
+            (admin_pb2.FailNicRequest(mode=slow, rate_bits_per_second=10), "rate must be from 1kbit"),
+            (admin_pb2.FailNicRequest(loss_percent=5), "a loss is for mode lossy only, not down"),
+            (admin_pb2.FailNicRequest(flap_period_seconds=-1), "a flap period is for mode flap only"),
+        ]:
+            bad.device = "mlx5_0"
+            with pytest.raises(grpc.RpcError) as refused:
+                admin.FailNic(bad, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert message in refused.value.details()
+        assert admin.ListNics(admin_pb2.ListNicsRequest(), timeout=10).nics[0].fault == 0
         huge = agent_pb2.PublishRequest(agent_id=agent_id, qps=[mapping(i) for i in range(20000)])
         assert huge.ByteSize() > (1 << 20)
         assert code_of(agent.Publish, huge) == grpc.StatusCode.RESOURCE_EXHAUSTED

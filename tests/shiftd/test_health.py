@@ -9,11 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shiftd.health import NicHealth, Transition
+from shiftd.config import DampingConfig
+from shiftd.health import FAULT_REASONS, NicHealth, Transition
 from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PortStatus
 
 UP, DOWN, DEGRADED, UNSPEC = NicState.UP, NicState.DOWN, NicState.DEGRADED, NicState.UNSPECIFIED
 HOLD = 2.0
+NO_DAMPING = DampingConfig(penalty=0.0)
 TCP = NicSpec("tcp0", "veth0", "tcp")
 VERBS = NicSpec("mlx5_0", "ens1f0np0", "verbs")
 
@@ -28,8 +30,8 @@ PORT_DOWN = PortStatus("mlx5_0", 1, "DOWN", "Disabled", link_downed=1)
 PORT_INIT = PortStatus("mlx5_0", 1, "INIT", "LinkUp")
 
 
-def up_nic(spec: NicSpec = TCP, now: float = 0.0) -> NicHealth:
-    health = NicHealth(spec, HOLD)
+def up_nic(spec: NicSpec = TCP, now: float = 0.0, damping: DampingConfig | None = None) -> NicHealth:
+    health = NicHealth(spec, HOLD, damping)
     health.update_link(GOOD, now)
     if spec.provider == "verbs":
         health.update_port(ACTIVE, now)
@@ -139,7 +141,7 @@ def test_late_tick_and_late_update_both_complete_the_hold() -> None:
 
 
 def test_flapping_link_stays_down_and_each_bounce_restarts_the_hold() -> None:
-    health = up_nic()
+    health = up_nic(damping=NO_DAMPING)  # the hold-down alone (test_damping.py: the penalty on top)
     transitions = []
     now = 1.0
     for _ in range(5):  # bounces every 0.5 s, shorter than the hold
@@ -182,10 +184,31 @@ def test_zero_hold_recovers_at_once() -> None:
         (FaultMode.FLAP, "operator_flap"),
     ],
 )
-def test_any_fault_forces_down(fault: FaultMode, reason: str) -> None:
+def test_an_out_of_service_fault_forces_down(fault: FaultMode, reason: str) -> None:
     health = up_nic()
     assert health.set_fault(fault, 1.0) == Transition("tcp0", UP, DOWN, reason, 1.0)
     assert health.fault is fault
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"), [(FaultMode.LOSSY, "operator_lossy"), (FaultMode.SLOW, "operator_slow")]
+)
+def test_a_gray_fault_degrades_and_its_clear_is_up_again_without_hold(fault: FaultMode, reason: str) -> None:
+    health = up_nic(VERBS)
+    assert health.set_fault(fault, 1.0) == Transition("mlx5_0", UP, DEGRADED, reason, 1.0)
+    assert health.next_deadline() is None
+    assert health.update_link(NO_CARRIER, 2.0) == Transition("mlx5_0", DEGRADED, DOWN, "carrier_lost", 2.0)
+    health.update_link(GOOD, 3.0)
+    assert health.tick(3.0 + HOLD) == Transition("mlx5_0", DOWN, DEGRADED, reason, 3.0 + HOLD)
+    assert health.set_fault(FaultMode.NONE, 6.0) == Transition("mlx5_0", DEGRADED, UP, "up", 6.0)
+
+
+def test_a_gray_fault_is_named_before_a_port_that_is_not_active() -> None:
+    health = up_nic(VERBS)
+    health.update_port(PORT_INIT, 1.0)
+    assert health.reason == "port_not_active"
+    assert health.set_fault(FaultMode.SLOW, 2.0) is None  # DEGRADED already: the reason alone changes
+    assert (health.state, health.reason) == (DEGRADED, "operator_slow")
 
 
 def test_fault_over_a_flapping_link_holds_down_with_the_operator_reason() -> None:
@@ -253,8 +276,8 @@ INPUTS = st.one_of(
 def test_invariants_over_any_sequence(steps: list[tuple[float, tuple[str, object]]]) -> None:
     """DOWN whenever anything is wrong; never UP/DEGRADED sooner than the hold after being DOWN
     and last wrong; transitions are exactly the state changes and the relapses (a new problem
-    during the hold-down)."""
-    health = up_nic(VERBS)  # most sequences that matter start from a working NIC
+    during the hold-down). Without damping, which test_damping.py's property adds."""
+    health = up_nic(VERBS, damping=NO_DAMPING)  # most sequences that matter start from a working NIC
     feed = {
         "link": health.update_link,
         "port": health.update_port,
@@ -276,7 +299,7 @@ def test_invariants_over_any_sequence(steps: list[tuple[float, tuple[str, object
         state = health.state
         link, port = last.get("link"), last.get("port")
         wrong = (
-            last["fault"] is not FaultMode.NONE
+            last["fault"] in FAULT_REASONS
             or last["present"] is False
             or (isinstance(link, LinkStatus) and not link.usable)
             or (isinstance(port, PortStatus) and port.state == "DOWN")

@@ -177,6 +177,7 @@ def test_generated_configs_load_in_shiftd(running: Lab) -> None:
         assert cfg.etcd.endpoints == ("198.19.0.1:2379",)
         assert cfg.metrics.listen == f"198.19.0.{10 + i}:9477"
         assert cfg.health.hold_down_seconds == 1.0
+        assert (cfg.damping.half_life_seconds, cfg.damping.max_suppress_seconds) == (1.0, 8.0)
         assert cfg.devices == {"mlx5_0": "ens1f0np0", "mlx5_1": "ens2f0np0"}
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from libshift.api.shift.v1 import common_pb2 as shift_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14shift/v1/admin.proto\x12\x08shift.v1\x1a\x15shift/v1/common.proto\"\x0f\n\rStatusRequest\"\xdc\x02\n\x0eStatusResponse\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x16\n\x0euptime_seconds\x18\x03 \x01(\x01\x12\x16\n\x0e\x65tcd_connected\x18\x04 \x01(\x08\x12\x16\n\x0e\x65tcd_endpoints\x18\x05 \x03(\t\x12\x10\n\x08lease_id\x18\x06 \x01(\x03\x12\x16\n\x0epending_writes\x18\x07 \x01(\r\x12\x1b\n\x04nics\x18\x08 \x03(\x0b\x32\r.shift.v1.Nic\x12#\n\x06\x61gents\x18\t \x03(\x0b\x32\x13.shift.v1.AgentInfo\x12\x11\n\tfailovers\x18\n \x01(\x04\x12\x11\n\tfailbacks\x18\x0b \x01(\x04\x12\x0e\n\x06socket\x18\x0c \x01(\t\x12\x17\n\x0fmetrics_address\x18\r \x01(\t\x12\x0c\n\x04udev\x18\x0e \x01(\t\x12\x1a\n\x12serving_unix_nanos\x18\x0f \x01(\x03\"\x11\n\x0fListNicsRequest\"/\n\x10ListNicsResponse\x12\x1b\n\x04nics\x18\x01 \x03(\x0b\x32\r.shift.v1.Nic\"`\n\x0e\x46\x61ilNicRequest\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12!\n\x04mode\x18\x02 \x01(\x0e\x32\x13.shift.v1.FaultMode\x12\x1b\n\x13\x66lap_period_seconds\x18\x03 \x01(\x01\"-\n\x0f\x46\x61ilNicResponse\x12\x1a\n\x03nic\x18\x01 \x01(\x0b\x32\r.shift.v1.Nic\"#\n\x11RecoverNicRequest\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\"0\n\x12RecoverNicResponse\x12\x1a\n\x03nic\x18\x01 \x01(\x0b\x32\r.shift.v1.Nic\"6\n\x13StreamEventsRequest\x12\x0f\n\x07\x62\x61\x63klog\x18\x01 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\"E\n\x0b\x41gentChange\x12\"\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x13.shift.v1.AgentInfo\x12\x12\n\nregistered\x18\x02 \x01(\x08\"@\n\x0b\x46\x61ultChange\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12!\n\x04mode\x18\x02 \x01(\x0e\x32\x13.shift.v1.FaultMode\"\xe4\x01\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x17\n\x0ftime_unix_nanos\x18\x02 \x01(\x03\x12\x0c\n\x04host\x18\x03 \x01(\t\x12!\n\x03nic\x18\x04 \x01(\x0b\x32\x12.shift.v1.NicEventH\x00\x12,\n\x08\x66\x61ilover\x18\x05 \x01(\x0b\x32\x18.shift.v1.FailoverReportH\x00\x12&\n\x05\x61gent\x18\x06 \x01(\x0b\x32\x15.shift.v1.AgentChangeH\x00\x12&\n\x05\x66\x61ult\x18\x07 \x01(\x0b\x32\x15.shift.v1.FaultChangeH\x00\x42\x06\n\x04kind2\xd2\x02\n\x05\x41\x64min\x12;\n\x06Status\x12\x17.shift.v1.StatusRequest\x1a\x18.shift.v1.StatusResponse\x12\x41\n\x08ListNics\x12\x19.shift.v1.ListNicsRequest\x1a\x1a.shift.v1.ListNicsResponse\x12>\n\x07\x46\x61ilNic\x12\x18.shift.v1.FailNicRequest\x1a\x19.shift.v1.FailNicResponse\x12G\n\nRecoverNic\x12\x1b.shift.v1.RecoverNicRequest\x1a\x1c.shift.v1.RecoverNicResponse\x12@\n\x0cStreamEvents\x12\x1d.shift.v1.StreamEventsRequest\x1a\x0f.shift.v1.Event0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14shift/v1/admin.proto\x12\x08shift.v1\x1a\x15shift/v1/common.proto\"\x0f\n\rStatusRequest\"\xdc\x02\n\x0eStatusResponse\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x16\n\x0euptime_seconds\x18\x03 \x01(\x01\x12\x16\n\x0e\x65tcd_connected\x18\x04 \x01(\x08\x12\x16\n\x0e\x65tcd_endpoints\x18\x05 \x03(\t\x12\x10\n\x08lease_id\x18\x06 \x01(\x03\x12\x16\n\x0epending_writes\x18\x07 \x01(\r\x12\x1b\n\x04nics\x18\x08 \x03(\x0b\x32\r.shift.v1.Nic\x12#\n\x06\x61gents\x18\t \x03(\x0b\x32\x13.shift.v1.AgentInfo\x12\x11\n\tfailovers\x18\n \x01(\x04\x12\x11\n\tfailbacks\x18\x0b \x01(\x04\x12\x0e\n\x06socket\x18\x0c \x01(\t\x12\x17\n\x0fmetrics_address\x18\r \x01(\t\x12\x0c\n\x04udev\x18\x0e \x01(\t\x12\x1a\n\x12serving_unix_nanos\x18\x0f \x01(\x03\"\x11\n\x0fListNicsRequest\"/\n\x10ListNicsResponse\x12\x1b\n\x04nics\x18\x01 \x03(\x0b\x32\r.shift.v1.Nic\"\x94\x01\n\x0e\x46\x61ilNicRequest\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12!\n\x04mode\x18\x02 \x01(\x0e\x32\x13.shift.v1.FaultMode\x12\x1b\n\x13\x66lap_period_seconds\x18\x03 \x01(\x01\x12\x14\n\x0closs_percent\x18\x04 \x01(\x01\x12\x1c\n\x14rate_bits_per_second\x18\x05 \x01(\x04\"-\n\x0f\x46\x61ilNicResponse\x12\x1a\n\x03nic\x18\x01 \x01(\x0b\x32\r.shift.v1.Nic\"#\n\x11RecoverNicRequest\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\"0\n\x12RecoverNicResponse\x12\x1a\n\x03nic\x18\x01 \x01(\x0b\x32\r.shift.v1.Nic\"6\n\x13StreamEventsRequest\x12\x0f\n\x07\x62\x61\x63klog\x18\x01 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\"E\n\x0b\x41gentChange\x12\"\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x13.shift.v1.AgentInfo\x12\x12\n\nregistered\x18\x02 \x01(\x08\"@\n\x0b\x46\x61ultChange\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12!\n\x04mode\x18\x02 \x01(\x0e\x32\x13.shift.v1.FaultMode\"\xe4\x01\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x17\n\x0ftime_unix_nanos\x18\x02 \x01(\x03\x12\x0c\n\x04host\x18\x03 \x01(\t\x12!\n\x03nic\x18\x04 \x01(\x0b\x32\x12.shift.v1.NicEventH\x00\x12,\n\x08\x66\x61ilover\x18\x05 \x01(\x0b\x32\x18.shift.v1.FailoverReportH\x00\x12&\n\x05\x61gent\x18\x06 \x01(\x0b\x32\x15.shift.v1.AgentChangeH\x00\x12&\n\x05\x66\x61ult\x18\x07 \x01(\x0b\x32\x15.shift.v1.FaultChangeH\x00\x42\x06\n\x04kind2\xd2\x02\n\x05\x41\x64min\x12;\n\x06Status\x12\x17.shift.v1.StatusRequest\x1a\x18.shift.v1.StatusResponse\x12\x41\n\x08ListNics\x12\x19.shift.v1.ListNicsRequest\x1a\x1a.shift.v1.ListNicsResponse\x12>\n\x07\x46\x61ilNic\x12\x18.shift.v1.FailNicRequest\x1a\x19.shift.v1.FailNicResponse\x12G\n\nRecoverNic\x12\x1b.shift.v1.RecoverNicRequest\x1a\x1c.shift.v1.RecoverNicResponse\x12@\n\x0cStreamEvents\x12\x1d.shift.v1.StreamEventsRequest\x1a\x0f.shift.v1.Event0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,22 +40,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTNICSREQUEST']._serialized_end=442
   _globals['_LISTNICSRESPONSE']._serialized_start=444
   _globals['_LISTNICSRESPONSE']._serialized_end=491
-  _globals['_FAILNICREQUEST']._serialized_start=493
-  _globals['_FAILNICREQUEST']._serialized_end=589
-  _globals['_FAILNICRESPONSE']._serialized_start=591
-  _globals['_FAILNICRESPONSE']._serialized_end=636
-  _globals['_RECOVERNICREQUEST']._serialized_start=638
-  _globals['_RECOVERNICREQUEST']._serialized_end=673
-  _globals['_RECOVERNICRESPONSE']._serialized_start=675
-  _globals['_RECOVERNICRESPONSE']._serialized_end=723
-  _globals['_STREAMEVENTSREQUEST']._serialized_start=725
-  _globals['_STREAMEVENTSREQUEST']._serialized_end=779
-  _globals['_AGENTCHANGE']._serialized_start=781
-  _globals['_AGENTCHANGE']._serialized_end=850
-  _globals['_FAULTCHANGE']._serialized_start=852
-  _globals['_FAULTCHANGE']._serialized_end=916
-  _globals['_EVENT']._serialized_start=919
-  _globals['_EVENT']._serialized_end=1147
-  _globals['_ADMIN']._serialized_start=1150
-  _globals['_ADMIN']._serialized_end=1488
+  _globals['_FAILNICREQUEST']._serialized_start=494
+  _globals['_FAILNICREQUEST']._serialized_end=642
+  _globals['_FAILNICRESPONSE']._serialized_start=644
+  _globals['_FAILNICRESPONSE']._serialized_end=689
+  _globals['_RECOVERNICREQUEST']._serialized_start=691
+  _globals['_RECOVERNICREQUEST']._serialized_end=726
+  _globals['_RECOVERNICRESPONSE']._serialized_start=728
+  _globals['_RECOVERNICRESPONSE']._serialized_end=776
+  _globals['_STREAMEVENTSREQUEST']._serialized_start=778
+  _globals['_STREAMEVENTSREQUEST']._serialized_end=832
+  _globals['_AGENTCHANGE']._serialized_start=834
+  _globals['_AGENTCHANGE']._serialized_end=903
+  _globals['_FAULTCHANGE']._serialized_start=905
+  _globals['_FAULTCHANGE']._serialized_end=969
+  _globals['_EVENT']._serialized_start=972
+  _globals['_EVENT']._serialized_end=1200
+  _globals['_ADMIN']._serialized_start=1203
+  _globals['_ADMIN']._serialized_end=1541
 # @@protoc_insertion_point(module_scope)

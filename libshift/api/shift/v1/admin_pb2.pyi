@@ -56,14 +56,18 @@ class ListNicsResponse(_message.Message):
     def __init__(self, nics: _Optional[_Iterable[_Union[_common_pb2.Nic, _Mapping]]] = ...) -> None: ...
 
 class FailNicRequest(_message.Message):
-    __slots__ = ("device", "mode", "flap_period_seconds")
+    __slots__ = ("device", "mode", "flap_period_seconds", "loss_percent", "rate_bits_per_second")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     FLAP_PERIOD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    RATE_BITS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     device: str
     mode: _common_pb2.FaultMode
     flap_period_seconds: float
-    def __init__(self, device: _Optional[str] = ..., mode: _Optional[_Union[_common_pb2.FaultMode, str]] = ..., flap_period_seconds: _Optional[float] = ...) -> None: ...
+    loss_percent: float
+    rate_bits_per_second: int
+    def __init__(self, device: _Optional[str] = ..., mode: _Optional[_Union[_common_pb2.FaultMode, str]] = ..., flap_period_seconds: _Optional[float] = ..., loss_percent: _Optional[float] = ..., rate_bits_per_second: _Optional[int] = ...) -> None: ...
 
 class FailNicResponse(_message.Message):
     __slots__ = ("nic",)

@@ -20,6 +20,8 @@ class FaultMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAULT_MODE_DOWN: _ClassVar[FaultMode]
     FAULT_MODE_BLACKHOLE: _ClassVar[FaultMode]
     FAULT_MODE_FLAP: _ClassVar[FaultMode]
+    FAULT_MODE_LOSSY: _ClassVar[FaultMode]
+    FAULT_MODE_SLOW: _ClassVar[FaultMode]
 
 class FailoverKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -34,12 +36,14 @@ FAULT_MODE_UNSPECIFIED: FaultMode
 FAULT_MODE_DOWN: FaultMode
 FAULT_MODE_BLACKHOLE: FaultMode
 FAULT_MODE_FLAP: FaultMode
+FAULT_MODE_LOSSY: FaultMode
+FAULT_MODE_SLOW: FaultMode
 FAILOVER_KIND_UNSPECIFIED: FailoverKind
 FAILOVER_KIND_FAILOVER: FailoverKind
 FAILOVER_KIND_FAILBACK: FailoverKind
 
 class Nic(_message.Message):
-    __slots__ = ("device", "netdev", "provider", "state", "reason", "admin_up", "operstate", "carrier", "port_state", "fault", "addresses", "last_change_unix_nanos", "link_events", "gid")
+    __slots__ = ("device", "netdev", "provider", "state", "reason", "admin_up", "operstate", "carrier", "port_state", "fault", "addresses", "last_change_unix_nanos", "link_events", "gid", "flap_penalty")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     NETDEV_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +58,7 @@ class Nic(_message.Message):
     LAST_CHANGE_UNIX_NANOS_FIELD_NUMBER: _ClassVar[int]
     LINK_EVENTS_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
+    FLAP_PENALTY_FIELD_NUMBER: _ClassVar[int]
     device: str
     netdev: str
     provider: str
@@ -68,7 +73,8 @@ class Nic(_message.Message):
     last_change_unix_nanos: int
     link_events: int
     gid: str
-    def __init__(self, device: _Optional[str] = ..., netdev: _Optional[str] = ..., provider: _Optional[str] = ..., state: _Optional[_Union[NicState, str]] = ..., reason: _Optional[str] = ..., admin_up: _Optional[bool] = ..., operstate: _Optional[str] = ..., carrier: _Optional[bool] = ..., port_state: _Optional[str] = ..., fault: _Optional[_Union[FaultMode, str]] = ..., addresses: _Optional[_Iterable[str]] = ..., last_change_unix_nanos: _Optional[int] = ..., link_events: _Optional[int] = ..., gid: _Optional[str] = ...) -> None: ...
+    flap_penalty: float
+    def __init__(self, device: _Optional[str] = ..., netdev: _Optional[str] = ..., provider: _Optional[str] = ..., state: _Optional[_Union[NicState, str]] = ..., reason: _Optional[str] = ..., admin_up: _Optional[bool] = ..., operstate: _Optional[str] = ..., carrier: _Optional[bool] = ..., port_state: _Optional[str] = ..., fault: _Optional[_Union[FaultMode, str]] = ..., addresses: _Optional[_Iterable[str]] = ..., last_change_unix_nanos: _Optional[int] = ..., link_events: _Optional[int] = ..., gid: _Optional[str] = ..., flap_penalty: _Optional[float] = ...) -> None: ...
 
 class NicEvent(_message.Message):
     __slots__ = ("host", "device", "netdev", "state", "previous_state", "reason", "time_unix_nanos", "monotonic_nanos")
