@@ -173,6 +173,9 @@ def test_the_count_of_dropped_reports_goes_with_every_register_and_report(path, 
         agent.report(switch())
         second = daemons(mlx5_0=UP)
         assert wait_until(lambda: len(second.reports) == 1, timeout=10)
-    assert [(r.instance, r.reports_dropped) for r in first.registers] == [(agent.instance, 0)]
+    # the first daemon had the registration before the count was set (and may have had the agent's
+    # reconnect to it while it stopped, which carries the count too)
+    assert [(r.instance, r.reports_dropped) for r in first.registers[:1]] == [(agent.instance, 0)]
+    assert all(r.reports_dropped == 7 for r in first.registers[1:]), first.registers
     assert [(r.instance, r.reports_dropped) for r in second.registers] == [(agent.instance, 7)]
     assert second.reports[0].reports_dropped == 7
