@@ -6,11 +6,12 @@ import os
 import subprocess
 from pathlib import Path
 
-from native_build import CORE, SANITIZE, build, sanitizer_reports
+from native_build import CORE, SANITIZE, build, core_sources, fast_sources, sanitizer_reports
 
 
 def test_core_unit_tests_pass_under_asan_and_ubsan(tmp_path: Path) -> None:
-    binary = build("gcc", CORE / "tests" / "test_core.c", tmp_path / "test_core", SANITIZE)
+    sources = core_sources() + fast_sources()
+    binary = build("gcc", CORE / "tests" / "test_core.c", tmp_path / "test_core", SANITIZE, sources)
     env = {
         **os.environ,
         "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
