@@ -55,6 +55,7 @@ cdef extern from "fastpath.h" nogil:
     int sf_ctx_drain(sf_ctx *ctx, sf_cq *cq, int path)
     int sf_ctx_next_deferred(sf_ctx *ctx, sf_deferred *out)
     int sf_ctx_has_deferred(const sf_ctx *ctx)
+    int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, sf_deferred *out)
     int sf_ctx_backup_hot(const sf_ctx *ctx)
 
     sf_cq *sf_cq_new(sf_ctx *ctx, uint32_t cqe, void *const *path_cqs, uint64_t cookie)

@@ -144,6 +144,22 @@ int sf_ctx_next_deferred(sf_ctx *ctx, struct sf_deferred *out) {
 
 int sf_ctx_has_deferred(const sf_ctx *ctx) { return ctx->deferred_count > 0; }
 
+int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, struct sf_deferred *out) {
+    uint32_t cap = ctx->deferred_cap;
+    for (uint32_t i = 0; i < ctx->deferred_count; i++) {
+        struct sf_deferred *item = &ctx->deferred[(ctx->deferred_head + i) % cap];
+        int wanted = item->kind == SF_DEFER_NOTIFY || (item->kind == SF_DEFER_WC && item->path == (uint32_t)path);
+        if (!wanted)
+            continue;
+        *out = *item;
+        for (uint32_t j = i; j + 1 < ctx->deferred_count; j++) /* close the gap: the rest keep their order */
+            ctx->deferred[(ctx->deferred_head + j) % cap] = ctx->deferred[(ctx->deferred_head + j + 1) % cap];
+        ctx->deferred_count--;
+        return 1;
+    }
+    return 0;
+}
+
 int sf_ctx_backup_hot(const sf_ctx *ctx) { return now_ns() < ctx->backup_hot; }
 
 /* -- progress ----------------------------------------------------------------------------------------------- */

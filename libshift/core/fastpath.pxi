@@ -51,13 +51,18 @@ cdef class FastContext:
             self.hand_over()
 
     def drain(self, FastCQ cq, int path):
-        """Take the completions of one path of `cq` (None: that path's control CQ)."""
+        """Take the completions of one path of `cq` (None: that path's control CQ), and hand over at once
+        every deferred completion of that path, older ones too, and the CQ events: a switch drains the
+        path it leaves so that its receive count is final. Completions of other paths wait for the
+        hand-over under way (a peer's count taken in the same pass must not meet the switch half-done)."""
+        cdef f.sf_deferred item
         if self.ptr is NULL:
             return
         if f.sf_ctx_drain(self.ptr, NULL if cq is None else cq.ptr, path) < 0:
             raise CQOverflowError("CQ overflow: a provider CQ behind a ShiftCQ overflowed")
-        if f.sf_ctx_has_deferred(self.ptr):
-            self.hand_over()
+        with self.lock:
+            while self.ptr is not NULL and f.sf_ctx_next_deferred_on(self.ptr, path, &item):
+                self.handler(item.kind, item.path, item.cookie, wc_of(&item.wc))
 
     def hand_over(self):
         """Hand every deferred item to the handler, oldest first."""

@@ -1,11 +1,12 @@
 """The hand-over of a ShiftQP's ledger between the fast path (the core's, fastpath.h) and the Python
 failover layer.
 
-In its steady state (connected, on the default path, nothing held, no doubt) a QP's ledger is the core's:
-a post and a completion are one C call each. Whatever the failover layer does to a QP starts with `take`,
-under the context's lock: the core's entries become the Python Ledger's, and the QP is Python's until `give`
-hands them back, which it does only in the steady state. The core gives the ledger up by itself when it
-meets anything unusual, and leaves that completion for the failover layer (ShiftContext._deferred).
+In its steady state (connected on the default path, with a backup or as a plain QP, nothing held, no
+doubt) a QP's ledger is the core's: a post and a completion are one C call each. Whatever the failover
+layer does to a QP starts with `take`, under the context's lock: the core's entries become the Python
+Ledger's, and the QP is Python's until `give` hands them back, which it does only in the steady state.
+The core gives the ledger up by itself when it meets anything unusual, and leaves that completion for
+the failover layer (ShiftContext._deferred).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from libshift.verbs import RecvWR, SendWR, VerbsRDMAError, ibv_wc_status, ibv_wr
 
 if TYPE_CHECKING:
     from libshift.shift.qp import ShiftQP
+
+STEADY = frozenset({Send.DEFAULT, Send.PLAIN})  # connected on the default path, nothing held
 
 
 def take(qp: ShiftQP) -> None:
@@ -43,7 +46,7 @@ def take(qp: ShiftQP) -> None:
 def give(qp: ShiftQP) -> None:
     """Hand the ledger to the fast path if the QP is in its steady state and every entry fits there."""
     ledger = qp.ledger
-    steady = qp.states.send is Send.DEFAULT and qp.current == PRIMARY and qp.doubt.path is None
+    steady = qp.states.send in STEADY and qp.current == PRIMARY and qp.doubt.path is None
     if qp.fast_owned or not steady:
         return
     entries = [*ledger.sq.entries, *ledger.rq.entries]
@@ -63,8 +66,8 @@ def posted(qp: ShiftQP, got: int, wr: SendWR | RecvWR, send: bool) -> None:
     if got == FAST_POSTED:
         return
     if got == FAST_NEW_RKEY:  # fetch the peer's backup keys now, so that a switch finds them
-        assert isinstance(wr, SendWR) and qp.ctx.keys is not None and qp.remote is not None
-        qp.ctx.keys.prefetch(qp.remote.gid, wr.rkey)
+        if isinstance(wr, SendWR) and qp.ctx.keys is not None and qp.remote is not None:
+            qp.ctx.keys.prefetch(qp.remote.gid, wr.rkey)
         return
     if got == FAST_QUEUE_FULL:
         which = "send" if send else "receive"

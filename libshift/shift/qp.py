@@ -225,6 +225,7 @@ class ShiftQP:
         """Connect the backup QPs now, so that a failure finds them ready; without any, be a plain QP."""
         if not peers or self.remote is None:
             self.states.step(Transition.NO_BACKUP)
+            handover.give(self)
             return
         self.targets = notify.targets_of(peers[BACKUP])
         self.peers = {PRIMARY: self.remote, **peers}

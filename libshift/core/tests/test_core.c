@@ -9,7 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../fastpath.h"
+#include "../fast_internal.h"
 #include "check.h"
 #include "pair.h"
 
@@ -516,6 +516,28 @@ static void test_the_fast_path(void) {
     sc_ctx_free(d.cb);
 }
 
+/* A switch's drain takes its path's deferred completions (and CQ events) out of the queue; the others
+ * stay, in order, for the hand-over under way. */
+static void test_a_drain_takes_only_its_paths_deferred_items(void) {
+    sf_ctx *ctx = sf_ctx_new(&sc_dp_tcp, 2);
+    uint32_t kinds[5] = {SF_DEFER_WC, SF_DEFER_WC, SF_DEFER_NOTIFY, SF_DEFER_WC, SF_DEFER_OVERFLOW};
+    uint32_t paths[5] = {1, 0, 0, 0, 0};
+    for (uint64_t i = 0; i < 5; i++) {
+        struct sf_deferred item = {.kind = kinds[i], .path = paths[i], .wc = {.wr_id = i}};
+        CHECK(sf_ctx_defer(ctx, &item) == 0);
+    }
+    struct sf_deferred got;
+    uint64_t taken[3] = {0}, left[2] = {0};
+    for (int i = 0; i < 3; i++)
+        CHECK(sf_ctx_next_deferred_on(ctx, 0, &got) == 1 && (taken[i] = got.wc.wr_id, 1));
+    CHECK(sf_ctx_next_deferred_on(ctx, 0, &got) == 0);
+    CHECK(taken[0] == 1 && taken[1] == 2 && taken[2] == 3);
+    for (int i = 0; i < 2; i++)
+        CHECK(sf_ctx_next_deferred(ctx, &got) == 1 && (left[i] = got.wc.wr_id, 1));
+    CHECK(left[0] == 0 && left[1] == 4 && !sf_ctx_has_deferred(ctx));
+    sf_ctx_free(ctx);
+}
+
 int main(void) {
     test_wire_layout();
     test_wire_refuses_what_it_cannot_frame();
@@ -527,6 +549,7 @@ int main(void) {
     test_qpns_name_listeners();
     test_timer_heap();
     test_the_fast_path();
+    test_a_drain_takes_only_its_paths_deferred_items();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
