@@ -59,6 +59,9 @@ class DaemonProcess:
             "etcd": {"endpoints": [f"127.0.0.1:{free_port()}"], "timeout_seconds": 0.5},
             "metrics": {"listen": f"127.0.0.1:{free_port()}"},
             "health": {"hold_down_seconds": 0.3},
+            # no flap damping: a module's tests bounce the same links one after another, and the default
+            # half-life (60 s) would hold a NIC DOWN into the next test; the damping tests say otherwise
+            "damping": {"penalty": 0},
         }
         for name, values in self.sections.items():
             defaults.setdefault(name, {}).update(values)
