@@ -27,14 +27,15 @@ class PathQP:
         self.post_send_list((wr,))
 
     def post_send_list(self, wrs: Sequence[SendWR]) -> None:
-        err, posted = self.fast.post_raw_send(self.index, wrs)
-        if err:
-            raise self.qp.impl.refused(err, wrs[posted] if posted < len(wrs) else None, send=True)
+        self._check(*self.fast.post_raw_send(self.index, wrs), wrs, send=True)
 
     def post_recv(self, wr: RecvWR) -> None:
         self.post_recv_list((wr,))
 
     def post_recv_list(self, wrs: Sequence[RecvWR]) -> None:
-        err, posted = self.fast.post_raw_recv(self.index, wrs)
+        self._check(*self.fast.post_raw_recv(self.index, wrs), wrs, send=False)
+
+    def _check(self, err: int, posted: int, wrs: Sequence[SendWR] | Sequence[RecvWR], send: bool) -> None:
+        """The provider's error for the first WR the core refused (those before it stay posted)."""
         if err:
-            raise self.qp.impl.refused(err, wrs[posted] if posted < len(wrs) else None, send=False)
+            raise self.qp.impl.refused(err, wrs[posted] if posted < len(wrs) else None, send=send)
