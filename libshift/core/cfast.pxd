@@ -57,6 +57,7 @@ cdef extern from "fastpath.h" nogil:
     int sf_ctx_has_deferred(const sf_ctx *ctx)
     int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, sf_deferred *out)
     int sf_ctx_backup_hot(const sf_ctx *ctx)
+    void sf_ctx_heat_backups(sf_ctx *ctx)
 
     sf_cq *sf_cq_new(sf_ctx *ctx, uint32_t cqe, void *const *path_cqs, uint64_t cookie)
     void sf_cq_free(sf_cq *cq)

@@ -162,6 +162,11 @@ int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, struct sf_deferred *out) {
 
 int sf_ctx_backup_hot(const sf_ctx *ctx) { return now_ns() < ctx->backup_hot; }
 
+void sf_ctx_heat_backups(sf_ctx *ctx) {
+    ctx->backup_hot = now_ns() + SF_BACKUP_HOT_NS;
+    ctx->backup_next = 0;
+}
+
 /* -- progress ----------------------------------------------------------------------------------------------- */
 
 /* Every completion of one provider CQ to its QP; 1 if any came, -1 if the CQ overflowed. */

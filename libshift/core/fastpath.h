@@ -83,6 +83,9 @@ int sf_ctx_has_deferred(const sf_ctx *ctx);
 int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, struct sf_deferred *out);
 /* Whether a backup path carried traffic within SF_BACKUP_HOT_NS. */
 int sf_ctx_backup_hot(const sf_ctx *ctx);
+/* Read the backup paths on every pass for SF_BACKUP_HOT_NS from now, as if they had carried traffic: a
+ * switch is under way, and the peer's count comes there (on the idle schedule it waited up to a period). */
+void sf_ctx_heat_backups(sf_ctx *ctx);
 
 /* A CQ of cqe entries over one provider CQ per path; cookie names it in SF_DEFER_NOTIFY. */
 sf_cq *sf_cq_new(sf_ctx *ctx, uint32_t cqe, void *const *path_cqs, uint64_t cookie);

@@ -76,6 +76,11 @@ cdef class FastContext:
         """Whether a backup path carried traffic lately (a pass reads it every time meanwhile)."""
         return self.ptr is not NULL and f.sf_ctx_backup_hot(self.ptr)
 
+    def heat_backups(self):
+        """Read the backup paths on every pass for a while: a switch waits for the peer's count there."""
+        if self.ptr is not NULL:
+            f.sf_ctx_heat_backups(self.ptr)
+
     cdef void adopt(self):
         self.children += 1
 

@@ -87,6 +87,8 @@ class Switcher:
         previous, self._move = self._move, Move(reason, started, len(moved), left)
         if not resumed:  # leaving a switch that never resumed: report the two as one move
             self._merge(previous, to)
+        if to != PRIMARY:  # the peer's count comes on the backup path: every pass reads it meanwhile
+            ctx.fast.heat_backups()
         # noted before the post: the peer may have our count and resume before the post returns to us
         steps.note(qp.qp_num, "count_sent")
         notify.send_count(qp.qps[to], qp.targets[to], qp.ledger.received)
