@@ -198,7 +198,7 @@ struct sc_qp {
     struct sc_rq_item *rq;
     uint32_t rq_head, rq_count;
     uint32_t expected;
-    int has_ack;
+    int has_ack, ack_now; /* ack_now: a request asked for its ack at once (SC_WIRE_FLAG_ACK_REQ) */
     uint32_t ack_seq, unacked;
     int accepted;
     /* timers (0: off), set only through sc_timer_set; due is the earliest, the QP's key in the heap */

@@ -416,11 +416,11 @@ static void send_ack(struct sc_qp *qp) {
 }
 
 void sc_qp_after_input(struct sc_qp *qp, struct sc_conn *conn) {
-    /* acknowledge what was executed: at once after SC_ACK_BATCH requests, else after SC_ACK_DELAY_NS
-     * unless a request of ours carries the ack first */
+    /* acknowledge what was executed: at once after SC_ACK_BATCH requests or when the last asked for it,
+     * else after SC_ACK_DELAY_NS unless a request of ours carries the ack first */
     if (conn != qp->conn) return;
     if (sc_req_unsent(qp)) sc_qp_pump(qp);
-    if (qp->unacked >= SC_ACK_BATCH) {
+    if (qp->unacked >= SC_ACK_BATCH || qp->ack_now) {
         sc_timer_set(qp, T_ACK, 0);
         send_ack(qp);
     } else if (qp->has_ack && !qp->timer[T_ACK]) {

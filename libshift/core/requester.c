@@ -125,8 +125,11 @@ struct sc_frame *sc_req_next(struct sc_qp *qp, int with_ack, uint32_t ack) {
         fail(qp, index, item->error);
         return NULL;
     }
+    /* the last request queued: nothing follows soon that the responder's ack could wait for (IB's AckReq) */
+    uint16_t last = qp->tx_seq + 1 == qp->next_seq ? SC_WIRE_FLAG_ACK_REQ : 0;
     struct sc_hdr hdr = {
-        .op = wire_op[item->opcode], .flags = (uint16_t)(item->flags | (with_ack ? SC_WIRE_FLAG_ACK : 0)),
+        .op = wire_op[item->opcode],
+        .flags = (uint16_t)(item->flags | last | (with_ack ? SC_WIRE_FLAG_ACK : 0)),
         .seq = (uint32_t)item->seq, .length = item->length, .rkey = item->rkey, .imm = item->imm,
         .addr = item->addr, .arg1 = item->arg1, .arg2 = item->arg2, .ack = with_ack ? ack : 0,
     };

@@ -66,6 +66,7 @@ int sc_resp_take_ack(struct sc_qp *qp, uint32_t *seq) {
     *seq = qp->ack_seq;
     qp->has_ack = 0;
     qp->unacked = 0;
+    qp->ack_now = 0;
     return had;
 }
 
@@ -205,6 +206,7 @@ void sc_resp_on_request_done(struct sc_qp *qp, const struct sc_hdr *hdr, int pla
         qp->has_ack = 1;
         qp->ack_seq = hdr->seq;
         qp->unacked++;
+        qp->ack_now |= (hdr->flags & SC_WIRE_FLAG_ACK_REQ) != 0;
     }
     if (needs_recv(op)) complete_recv(qp, hdr);
     qp->expected++;

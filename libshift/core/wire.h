@@ -11,6 +11,7 @@
 #define SC_WIRE_MAX_PAYLOAD (1u << 31)
 #define SC_WIRE_FLAG_SOLICITED 1u
 #define SC_WIRE_FLAG_ACK 2u /* the request also carries a cumulative ack of the other direction in `ack` */
+#define SC_WIRE_FLAG_ACK_REQ 4u /* the last request the requester has to send now: acknowledge it at once */
 #define SC_WIRE_NAK_RNR 0xFFFFu
 
 enum sc_wire_op {

@@ -186,6 +186,75 @@ static void test_a_connected_pair(void) {
     sc_ctx_free(cb); /* frees what is left of b's side, rb and the channel included */
 }
 
+/* The next frame on a raw socket end, its payload skipped: 1, or 0 if none came within a second. */
+static int read_frame(int fd, struct sc_hdr *hdr) {
+    uint8_t raw[SC_WIRE_HEADER_SIZE], skip[256];
+    size_t got = 0;
+    for (int i = 0; i < 10000 && got < sizeof raw; i++) {
+        ssize_t n = recv(fd, raw + got, sizeof raw - got, 0);
+        if (n > 0) got += (size_t)n;
+        else usleep(100);
+    }
+    if (got < sizeof raw || sc_wire_parse(raw, hdr) != SC_WIRE_OK) return 0;
+    for (uint32_t left = sc_wire_payload_length(hdr); left;) {
+        ssize_t n = recv(fd, skip, left < sizeof skip ? left : sizeof skip, 0);
+        if (n > 0) left -= (uint32_t)n;
+        else usleep(100);
+    }
+    return 1;
+}
+
+static void send_frame(int fd, const struct sc_hdr *hdr, const void *payload) {
+    uint8_t raw[SC_WIRE_HEADER_SIZE];
+    sc_wire_pack(hdr, raw);
+    CHECK(send(fd, raw, sizeof raw, 0) == (ssize_t)sizeof raw);
+    if (hdr->length) CHECK(send(fd, payload, hdr->length, 0) == (ssize_t)hdr->length);
+}
+
+/* IB's AckReq: the requester flags the last request it has queued, and the responder acknowledges such a
+ * request in the pass that executed it, not after its delayed-ACK timer (which a plain request waits for
+ * unless SC_ACK_BATCH more come). The other end of the QP's socket is played raw. */
+static void test_the_last_request_asks_for_its_ack(void) {
+    static uint8_t mem[64];
+    int fds[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds) == 0);
+    sc_ctx *ctx = sc_ctx_new();
+    sc_pd *pd = sc_pd_new(ctx);
+    sc_cq *cq = sc_cq_new(ctx, 64, NULL, 1);
+    sc_mr *mr = sc_mr_reg(pd, mem, sizeof mem, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE);
+    sc_qp *qp = qp_on_fd(pd, cq, fds[0], 1, 2);
+
+    struct sc_sge sge = {(uint64_t)(uintptr_t)mem, 4, sc_mr_lkey(mr)};
+    struct sc_send_wr writes[2];
+    for (int i = 0; i < 2; i++)
+        writes[i] = (struct sc_send_wr){.wr_id = (uint64_t)i, .opcode = WR_RDMA_WRITE, .rkey = 5, .num_sge = 1,
+                                        .sg = &sge};
+    int posted;
+    CHECK(sc_qp_post_send(qp, writes, 2, &posted) == SC_POST_OK && posted == 2);
+    struct sc_hdr first, second;
+    CHECK(read_frame(fds[1], &first) && read_frame(fds[1], &second));
+    CHECK(first.op == SC_OP_WRITE && !(first.flags & SC_WIRE_FLAG_ACK_REQ));
+    CHECK(second.op == SC_OP_WRITE && (second.flags & SC_WIRE_FLAG_ACK_REQ));
+
+    struct sc_hdr request = {.magic = SC_WIRE_MAGIC, .op = SC_OP_WRITE, .flags = SC_WIRE_FLAG_ACK_REQ,
+                             .seq = 100, .length = 4, .rkey = sc_mr_rkey(mr),
+                             .addr = (uint64_t)(uintptr_t)mem + 8};
+    send_frame(fds[1], &request, "abcd");
+    int executed = 0, acked_at_once = 0;
+    for (int i = 0; i < 20000 && !executed; i++) {
+        pthread_mutex_lock(&ctx->lock);
+        executed = qp->expected == 101;
+        acked_at_once = executed && !qp->has_ack && !qp->timer[T_ACK];
+        pthread_mutex_unlock(&ctx->lock);
+        if (!executed) usleep(50);
+    }
+    CHECK(executed && acked_at_once && memcmp(mem + 8, "abcd", 4) == 0);
+    struct sc_hdr ack;
+    CHECK(read_frame(fds[1], &ack) && ack.op == SC_OP_ACK && ack.seq == 100);
+    sc_ctx_free(ctx); /* frees the QP, its CQ, MR and PD with it */
+    close(fds[1]);
+}
+
 /* sc_chan_wait, and the seconds it took. */
 static int timed_wait(sc_chan *chan, int timeout_ms, int drive, double *took) {
     struct timespec t0, t1;
@@ -543,6 +612,7 @@ int main(void) {
     test_wire_refuses_what_it_cannot_frame();
     test_keys_and_bounds();
     test_a_connected_pair();
+    test_the_last_request_asks_for_its_ack();
     test_a_wait_makes_its_own_completion();
     test_the_smaller_address_and_qpn_connects();
     test_refusals();
