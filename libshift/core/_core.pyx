@@ -13,10 +13,12 @@ post raises VerbsRDMAError, a poll finds nothing, a wait ends): never a freed po
 
 cimport cython
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from libc.errno cimport errno
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 cimport libshift.core.cfast as f
+cimport libshift.core.clinkwatch as lw
 cimport libshift.core.cshift as c
 
 from enum import IntEnum
@@ -401,3 +403,4 @@ def pack_header(int op, uint32_t seq, uint32_t length=0, *, uint16_t flags=0, ui
 
 cdef const f.sc_dp *DATAPATH = &f.sc_dp_tcp
 include "fastpath.pxi"
+include "linkwatch.pxi"

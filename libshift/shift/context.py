@@ -23,8 +23,10 @@ from libshift.shift import steps
 from libshift.shift.detect import EITHER_ASK_EVERY, device_usable
 from libshift.shift.inline import InlinePool
 from libshift.shift.keys import RemoteKeys
+from libshift.shift.links import LinkWatch
 from libshift.shift.paths import PATHS, PRIMARY, depth
 from libshift.shift.policy import backup_count, backup_devices
+from libshift.shift.settings import env_int
 from libshift.verbs import CQ, WC, CompChannel, Context, VerbsError, get_device_list, ibv_wc_status
 
 if TYPE_CHECKING:
@@ -82,6 +84,8 @@ class ShiftContext:
         self._served = -WATCH_PERIOD  # when the last of them stopped waiting
         self._waiting: set[str] = set()  # the paths whose watcher waits on its channel now
         self._own_agent = False  # an agent handed in is the caller's to close
+        self.links: LinkWatch | None = None
+        self._links_down: set[str] = set()  # paths whose link the link watch saw fail, until shiftd's UP
         why = self._open_backups(agent)
         if why:
             _tell_once(f"{name}: no failover ({why}); running as a plain context")
@@ -121,6 +125,9 @@ class ShiftContext:
         self.keys = RemoteKeys(self.agent, len(self.backups))
         self.agent.add_listener(self._on_nic)
         self.agent.add_path_source(self.paths)
+        if env_int("SHIFT_LINK_WATCH", 1, 0, 1):
+            netdevs = {path: (ctx.device.netdev, ctx.device.netns) for path, ctx in self.devices.items()}
+            self.links = LinkWatch({p: n for p, n in netdevs.items() if n[0]}, self._link_down, self.name)
         return None
 
     @property
@@ -274,15 +281,33 @@ class ShiftContext:
         return found if control is None else [*found, control]
 
     def _on_nic(self, change: NicChange) -> None:
-        """shiftd's word on our devices: the default's DOWN is the fastest of the three detections, its UP
-        starts the failback; a backup's DOWN moves the traffic on it along, its UP re-arms it."""
+        """shiftd's word on our devices: a DOWN moves the traffic off the device (unless the link watch
+        was faster), its UP starts the failback or re-arms the backup."""
         down, up = change.state is NicState.DOWN, change.state is NicState.UP
         path = self.path_of.get(change.device)
         if path is None or not (down or up):
             return
         log.debug("shiftd: %s (the %s path) is %s", change.device, path, change.state.name)
+        if up:
+            self._links_down.discard(path)
+        elif path in self._links_down:
+            return  # the link watch was first: its move is made
+        self._device_event(path, down, "nic_event")
+
+    def _link_down(self, path: str) -> None:
+        """The link watch's word (its thread): the link of `path`'s netdev stopped carrying traffic. It
+        counts as down until shiftd says UP, which its flap damping holds back until the link is stable."""
+        if path in self._links_down:
+            return  # a later message of the same failure (the operstate follows the carrier)
+        log.debug("link watch: %s (the %s path) lost its link", self.devices[path].name, path)
+        self._links_down.add(path)
+        self._device_event(path, True, "link_event")
+
+    def _device_event(self, path: str, down: bool, source: str) -> None:
+        """The default's DOWN is the fastest of the three detections, its UP starts the failback; a backup's
+        DOWN moves the traffic on it along, its UP re-arms it. A second DOWN finds nothing left to move."""
         if path == PRIMARY and down:
-            steps.note(0, "nic_event")
+            steps.note(0, source)
         with self.lock:
             qps = set(self.qps.values())
         for qp in qps:  # the lock per QP: with a thousand QPs the first moves at once, not after the last
@@ -296,16 +321,19 @@ class ShiftContext:
                 else:
                     qp.rearm.nic_up()
 
+    def _nic_state(self, path: str) -> NicState:
+        """shiftd's word on the device of `path`, DOWN while the link watch saw its link fail since."""
+        if path in self._links_down:
+            return NicState.DOWN
+        return self.agent.nic_state(self.devices[path].name) if self.agent is not None else NicState.UNKNOWN
+
     def device_up(self, path: str) -> bool:
-        """Whether shiftd says the device of `path` is UP."""
-        state = self.agent.nic_state(self.devices[path].name) if self.agent is not None else None
-        return state is NicState.UP
+        """Whether shiftd says the device of `path` is UP (and the link watch has not seen it fail since)."""
+        return self._nic_state(path) is NicState.UP
 
     def usable(self, path: str) -> bool:
-        """Whether the device of `path` can carry traffic: its port is ACTIVE and shiftd has not said DOWN."""
-        device = self.devices[path]
-        nic = self.agent.nic_state(device.name) if self.agent is not None else NicState.UNKNOWN
-        return device_usable(device, nic)
+        """Whether the device of `path` can carry traffic: its port is ACTIVE and it is not DOWN."""
+        return device_usable(self.devices[path], self._nic_state(path))
 
     def report(self, report: SwitchReport) -> None:
         """Tell shiftd off the data path: the agent queues it (never blocking, under the context lock) and
@@ -321,6 +349,8 @@ class ShiftContext:
 
     def close(self) -> None:
         self._closing.set()
+        if self.links is not None:
+            self.links.close()
         for watcher in self._watchers:
             watcher.join(timeout=2)
         self.fast.close()

@@ -1,5 +1,7 @@
-"""libFuzzer on the C core's frame parser and responder (libshift/core/fuzz/fuzz_responder.c), for a bounded
-time from the committed seed corpus: any crash, hang, sanitizer report or stray write fails the test."""
+"""libFuzzer on the C core's parsers of bytes from outside, for a bounded time each from its committed seed
+corpus (libshift/core/fuzz/corpus/TARGET): the frame parser and responder (fuzz_responder.c: a hostile
+peer's stream) and the link watch's parser (fuzz_linkwatch.c: rtnetlink datagrams, seeded with the kernel's
+own). Any crash, hang, sanitizer report, stray write or broken invariant fails the test."""
 
 from __future__ import annotations
 
@@ -15,15 +17,16 @@ FUZZ_SECONDS = 30
 pytestmark = pytest.mark.slow
 
 
-def test_fuzzing_the_responder_finds_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("target", ["responder", "linkwatch"])
+def test_fuzzing_finds_nothing(tmp_path: Path, target: str) -> None:
     binary = build(
         "clang",
-        CORE / "fuzz" / "fuzz_responder.c",
-        tmp_path / "fuzz_responder",
+        CORE / "fuzz" / f"fuzz_{target}.c",
+        tmp_path / f"fuzz_{target}",
         [*SANITIZE, "-fsanitize=fuzzer"],
     )
     corpus = tmp_path / "corpus"
-    shutil.copytree(CORE / "fuzz" / "corpus", corpus)  # new inputs go here, not into the tree
+    shutil.copytree(CORE / "fuzz" / "corpus" / target, corpus)  # new inputs go here, not into the tree
     argv = [str(binary), f"-max_total_time={FUZZ_SECONDS}", "-timeout=10", "-rss_limit_mb=2048", str(corpus)]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=FUZZ_SECONDS + 120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]

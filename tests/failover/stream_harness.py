@@ -12,6 +12,8 @@ devices in one VM, one shiftd for both hosts, its own faults).
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -259,6 +261,30 @@ def silent_blackhole(towards: str = "h1") -> Fault:
         lambda lab: rail_qdisc(lab, 0, towards, "blackhole"),
         lambda lab: rail_qdisc(lab, 0, towards),
     )
+
+
+def link_lost_while_shiftd_is_frozen(lab: Lab, reason: str) -> Fault:
+    """h0's port on rail 0's switch goes down (h0's mlx5_0 loses carrier) while h0's shiftd is frozen
+    (SIGSTOP) for FROZEN seconds: no NIC event can come from the daemon meanwhile, so a move for
+    "nic_event" is the link watch's (libshift/shift/links.py), the application's own netlink socket; one
+    for "error_completion" is the ack deadline's (67 ms on the default path). The daemon, thawed, sees the
+    link down, reports the NIC DOWN, and its UP after recovery brings the stream home."""
+    port = ["ip", "-n", lab.shape.rail_ns(0), "link", "set", "h0"]
+
+    def inject(lab: Lab) -> None:
+        daemon = lab.daemon("h0")  # checked against its start time: a PID of ours, alive
+        assert daemon is not None
+        os.kill(daemon.pid, signal.SIGSTOP)
+        try:
+            subprocess.run([*port, "down"], check=True)
+            time.sleep(FROZEN)
+        finally:
+            os.kill(daemon.pid, signal.SIGCONT)
+
+    return Fault("h0", reason, inject, lambda lab: subprocess.run([*port, "up"], check=True))
+
+
+FROZEN = 0.5
 
 
 # -- the stream --------------------------------------------------------------------------------------------

@@ -20,9 +20,11 @@ from stream_harness import (
     assert_reports,
     assert_switched,
     failover_reports,
+    link_lost_while_shiftd_is_frozen,
     nic_fault,
     run_stream,
     silent_blackhole,
+    switches,
 )
 
 from libshift.api.shift.v1 import common_pb2
@@ -105,6 +107,20 @@ def test_a_flapping_nic_is_damped(lab: Lab, flap: Callable[[Lab], None]) -> None
     assert_intact(sent, received)
     assert_switched(sent, received, "send", ["fallback", "default"])
     assert_reports(lab, since, nic_fault("h0"), 2)
+
+
+@pytest.mark.parametrize(("watch", "reason"), [("1", "nic_event"), ("0", "error_completion")])
+def test_the_link_watch_moves_the_stream_while_shiftd_is_frozen(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch, watch: str, reason: str
+) -> None:
+    """The application's own netlink socket (SHIFT_LINK_WATCH, on by default) sees h0's NIC lose its
+    carrier and moves the stream with no word from shiftd, which is frozen: the move is for "nic_event".
+    With the watch off, the same fault is found only by the ack deadline (the control)."""
+    monkeypatch.setenv("SHIFT_LINK_WATCH", watch)  # the peers inherit the test's environment
+    since = time.time()
+    assert_intact(*run_stream(lab, "send", link_lost_while_shiftd_is_frozen(lab, reason)))
+    failover = switches(lab, "h0", since, wait_for=1)[0]
+    assert failover[0] == "FAILOVER_KIND_FAILOVER" and failover[3] == reason, failover
 
 
 def test_error_completion_detects_a_silent_blackhole(lab: Lab) -> None:

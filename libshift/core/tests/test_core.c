@@ -9,7 +9,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <linux/if.h>
+#include <linux/rtnetlink.h>
+
 #include "../fast_internal.h"
+#include "../linkwatch.h"
 #include "check.h"
 #include "pair.h"
 
@@ -253,6 +257,71 @@ static void test_the_last_request_asks_for_its_ack(void) {
     CHECK(read_frame(fds[1], &ack) && ack.op == SC_OP_ACK && ack.seq == 100);
     sc_ctx_free(ctx); /* frees the QP, its CQ, MR and PD with it */
     close(fds[1]);
+}
+
+/* One RTM_NEWLINK (or DELLINK) as the kernel sends it: the header, the ifinfomsg, an IFLA_MTU and (when
+ * operstate >= 0) an IFLA_OPERSTATE; its length. */
+static size_t link_message(uint8_t *at, uint16_t type, int32_t ifindex, uint32_t flags, int operstate) {
+    struct nlmsghdr hdr = {.nlmsg_type = type};
+    struct ifinfomsg ifi = {.ifi_family = AF_UNSPEC, .ifi_index = ifindex, .ifi_flags = flags};
+    struct rtattr mtu = {.rta_len = RTA_LENGTH(4), .rta_type = IFLA_MTU}, op = {RTA_LENGTH(1), IFLA_OPERSTATE};
+    uint32_t mtu_value = 1500;
+    size_t len = NLMSG_LENGTH(sizeof ifi);
+    memset(at, 0, 64);
+    memcpy(at + NLMSG_HDRLEN, &ifi, sizeof ifi);
+    memcpy(at + len, &mtu, sizeof mtu);
+    memcpy(at + len + sizeof mtu, &mtu_value, 4);
+    len += RTA_ALIGN(mtu.rta_len);
+    if (operstate >= 0) {
+        memcpy(at + len, &op, sizeof op);
+        at[len + sizeof op] = (uint8_t)operstate;
+        len += RTA_ALIGN(op.rta_len);
+    }
+    hdr.nlmsg_len = (uint32_t)len;
+    memcpy(at, &hdr, sizeof hdr);
+    return len;
+}
+
+/* The link watch's parser: up needs IFF_UP, carrier and an operstate that carries traffic; only watched
+ * links of the right source; a removal; a truncated or lying message ends the parse without a read past
+ * the buffer (ASan watches the exact-size copy). */
+static void test_the_link_watch_reads_link_messages(void) {
+    static uint8_t buf[512];
+    struct sc_link watched[] = {{0, 3}, {0, 4}, {1, 3}};
+    struct sc_link_event got[8];
+    size_t len = 0;
+    len += link_message(buf + len, RTM_NEWLINK, 3, IFF_UP | IFF_RUNNING | IFF_LOWER_UP, IF_OPER_UP);
+    len += link_message(buf + len, RTM_NEWLINK, 4, IFF_UP, IF_OPER_LOWERLAYERDOWN); /* carrier lost */
+    len += link_message(buf + len, RTM_NEWLINK, 9, IFF_UP | IFF_LOWER_UP, IF_OPER_UP); /* not watched */
+    len += link_message(buf + len, RTM_NEWLINK, 4, IFF_UP | IFF_LOWER_UP, IF_OPER_DORMANT);
+    len += link_message(buf + len, RTM_NEWLINK, 3, IFF_UP | IFF_LOWER_UP, -1); /* no operstate: flags say */
+    len += link_message(buf + len, RTM_DELLINK, 4, IFF_UP | IFF_LOWER_UP, IF_OPER_UP);
+    CHECK(sc_link_parse(buf, len, 0, watched, 3, got, 8) == 5);
+    CHECK(got[0].ifindex == 3 && got[0].up && !got[0].gone && got[0].source == 0);
+    CHECK(got[1].ifindex == 4 && !got[1].up);
+    CHECK(got[2].ifindex == 4 && !got[2].up);
+    CHECK(got[3].ifindex == 3 && got[3].up);
+    CHECK(got[4].ifindex == 4 && got[4].gone && !got[4].up);
+    CHECK(sc_link_parse(buf, len, 1, watched, 3, got, 8) == 2 && got[0].source == 1); /* ifindex 3 of source 1 */
+    CHECK(sc_link_parse(buf, len, 0, watched, 3, got, 2) == 2);                        /* at most max */
+
+    size_t first = link_message(buf, RTM_NEWLINK, 3, IFF_UP | IFF_LOWER_UP, IF_OPER_DOWN);
+    for (size_t cut = 0; cut <= first; cut++) { /* every truncation: no event, or the whole message's */
+        uint8_t *exact = malloc(cut ? cut : 1);
+        memcpy(exact, buf, cut);
+        int n = sc_link_parse(exact, cut, 0, watched, 3, got, 8);
+        CHECK(cut == first ? n == 1 && !got[0].up : n == 0);
+        free(exact);
+    }
+    struct nlmsghdr lying;
+    memcpy(&lying, buf, sizeof lying);
+    lying.nlmsg_len = 4096; /* longer than the datagram */
+    memcpy(buf, &lying, sizeof lying);
+    CHECK(sc_link_parse(buf, first, 0, watched, 3, got, 8) == 0);
+    struct rtattr endless = {.rta_len = 0, .rta_type = IFLA_OPERSTATE}; /* an attribute that never ends */
+    first = link_message(buf, RTM_NEWLINK, 3, IFF_UP | IFF_LOWER_UP, IF_OPER_DOWN);
+    memcpy(buf + NLMSG_LENGTH(sizeof(struct ifinfomsg)), &endless, sizeof endless);
+    CHECK(sc_link_parse(buf, first, 0, watched, 3, got, 8) == 1 && got[0].up); /* the flags decide */
 }
 
 /* sc_chan_wait, and the seconds it took. */
@@ -613,6 +682,7 @@ int main(void) {
     test_keys_and_bounds();
     test_a_connected_pair();
     test_the_last_request_asks_for_its_ack();
+    test_the_link_watch_reads_link_messages();
     test_a_wait_makes_its_own_completion();
     test_the_smaller_address_and_qpn_connects();
     test_refusals();
