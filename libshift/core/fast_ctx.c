@@ -29,12 +29,29 @@ void sf_ctx_free(sf_ctx *ctx) {
     free(ctx->cqs);
     free(ctx->table);
     free(ctx->deferred);
+    for (int path = 0; path < SF_PATHS; path++)
+        sf_keymap_fini(&ctx->lkeys[path]);
     free(ctx);
 }
 
 void sf_ctx_set_control(sf_ctx *ctx, int path, void *cq) {
     if (path > 0 && path < ctx->paths)
         ctx->control[path] = cq;
+}
+
+int sf_ctx_set_lkey(sf_ctx *ctx, int path, uint32_t lkey, uint32_t path_lkey) {
+    if (path <= 0 || path >= ctx->paths)
+        return -1;
+    return sf_keymap_set(&ctx->lkeys[path], lkey, path_lkey);
+}
+
+void sf_ctx_drop_lkey(sf_ctx *ctx, int path, uint32_t lkey) {
+    if (path > 0 && path < ctx->paths)
+        sf_keymap_del(&ctx->lkeys[path], lkey);
+}
+
+int sf_ctx_lkey(const sf_ctx *ctx, int path, uint32_t lkey, uint32_t *path_lkey) {
+    return path > 0 && path < ctx->paths && sf_keymap_get(&ctx->lkeys[path], lkey, path_lkey);
 }
 
 /* -- the QP table ---------------------------------------------------------------------------------------- */

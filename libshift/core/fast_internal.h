@@ -6,6 +6,21 @@
 
 #define SF_SEEN_RKEYS 16 /* rkeys a QP remembers having used (their backups have been asked for) */
 
+struct sf_key_slot {
+    uint32_t key, value;
+    uint8_t state;
+};
+
+struct sf_keymap { /* fast_keys.c */
+    struct sf_key_slot *slots;
+    uint32_t cap, taken; /* taken: slots in use or left as tombstones */
+};
+
+int sf_keymap_set(struct sf_keymap *m, uint32_t key, uint32_t value);
+int sf_keymap_get(const struct sf_keymap *m, uint32_t key, uint32_t *value);
+void sf_keymap_del(struct sf_keymap *m, uint32_t key);
+void sf_keymap_fini(struct sf_keymap *m);
+
 struct sf_queue {
     struct sf_entry *ring, *scratch;
     uint32_t cap, head, count, max_sge, max_inline;
@@ -28,6 +43,9 @@ struct sf_qp {
     void *on[SF_PATHS];
     uint32_t qpn[SF_PATHS];
     int mode, sig_all;
+    int path;                          /* the path fast-mode posts go on, and whose completions are ours */
+    struct sf_keymap rkeys[SF_PATHS];  /* the peer's default rkeys -> its rkeys on each backup path */
+    struct sc_sge *translated;         /* max_sge SGEs: a post's, with the path's lkeys */
     struct sf_queue sq, rq;
     uint64_t next_id;
     int64_t sent_two_sided, received;
@@ -44,6 +62,7 @@ struct sf_ctx {
     const struct sc_dp *dp;
     int paths;
     void *control[SF_PATHS];
+    struct sf_keymap lkeys[SF_PATHS]; /* the default path's lkeys -> their twins' on each backup path */
     sf_cq **cqs;
     uint32_t ncqs, cqs_cap;
     struct sf_qp_slot *table; /* open addressing, linear probing */

@@ -1,5 +1,6 @@
-/* A shift QP's fast mode: posting on the default path with the ledger kept here, its completions taken
- * and released in posting order, and the hand-over of the ledger to the Python failover layer and back. */
+/* A shift QP's fast mode: posting on the path in use (with that path's keys on a backup) with the ledger
+ * kept here, its completions taken and released in posting order, and the hand-over of the ledger to the
+ * Python failover layer and back. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,7 +23,9 @@ sf_qp *sf_qp_new(sf_ctx *ctx, sf_cq *send_cq, sf_cq *recv_cq, uint32_t max_send_
     qp->recv_cq = recv_cq;
     qp->sig_all = sig_all;
     qp->next_id = 1;
-    if (sf_queue_init(&qp->sq, max_send_wr, max_sge, max_inline) || sf_queue_init(&qp->rq, max_recv_wr, max_sge, 0)) {
+    qp->translated = calloc(max_sge ? max_sge : 1, sizeof *qp->translated);
+    if (!qp->translated || sf_queue_init(&qp->sq, max_send_wr, max_sge, max_inline) ||
+        sf_queue_init(&qp->rq, max_recv_wr, max_sge, 0)) {
         sf_qp_free(qp);
         return NULL;
     }
@@ -45,7 +48,16 @@ void sf_qp_free(sf_qp *qp) {
             sf_ctx_unregister(qp->ctx, path, qp->qpn[path]);
     sf_queue_fini(&qp->sq);
     sf_queue_fini(&qp->rq);
+    for (int path = 0; path < SF_PATHS; path++)
+        sf_keymap_fini(&qp->rkeys[path]);
+    free(qp->translated);
     free(qp);
+}
+
+int sf_qp_set_rkey(sf_qp *qp, int path, uint32_t rkey, uint32_t path_rkey) {
+    if (path <= 0 || path >= qp->ctx->paths)
+        return -1;
+    return sf_keymap_set(&qp->rkeys[path], rkey, path_rkey);
 }
 
 int sf_qp_mode(const sf_qp *qp) { return qp->mode; }
@@ -86,9 +98,24 @@ static void keep_inline(struct sf_queue *q, struct sf_entry *e) {
     e->inline_len = length;
 }
 
+/* The SGEs of a WR going out on the QP's path: as they are on the default path, else with the path's lkeys
+ * (an lkey without a twin goes out as it is, and the provider judges it, as without shift). */
+static const struct sc_sge *on_path(sf_qp *qp, const struct sc_sge *sg, uint32_t n) {
+    if (qp->path == 0)
+        return sg;
+    for (uint32_t i = 0; i < n; i++) {
+        qp->translated[i] = sg[i];
+        sf_keymap_get(&qp->ctx->lkeys[qp->path], sg[i].lkey, &qp->translated[i].lkey);
+    }
+    return qp->translated;
+}
+
 enum sf_post sf_qp_post_send(sf_qp *qp, const struct sc_send_wr *wr, enum sc_post_error *err) {
     if (qp->mode != SF_MODE_FAST)
         return SF_NOT_FAST;
+    uint32_t rkey = wr->rkey;
+    if (qp->path != 0 && remote_keyed(wr->opcode) && !sf_keymap_get(&qp->rkeys[qp->path], wr->rkey, &rkey))
+        return SF_NOT_FAST; /* the failover layer looks the peer's key up */
     struct sf_entry *e = sf_queue_reserve(&qp->sq);
     if (!e)
         return SF_QUEUE_FULL;
@@ -99,8 +126,10 @@ enum sf_post sf_qp_post_send(sf_qp *qp, const struct sc_send_wr *wr, enum sc_pos
     struct sc_send_wr provider = e->wr;
     provider.wr_id = qp->next_id;
     provider.send_flags |= SEND_SIGNALED; /* every WR's fate must be known here */
+    provider.rkey = rkey;
+    provider.sg = on_path(qp, e->wr.sg, e->wr.num_sge);
     int posted = 0;
-    *err = qp->ctx->dp->post_send(qp->on[0], &provider, 1, &posted);
+    *err = qp->ctx->dp->post_send(qp->on[qp->path], &provider, 1, &posted);
     if (*err != SC_POST_OK)
         return SF_REFUSED;
     e->id = qp->next_id++;
@@ -111,6 +140,10 @@ enum sf_post sf_qp_post_send(sf_qp *qp, const struct sc_send_wr *wr, enum sc_pos
     if (wr->send_flags & SEND_INLINE)
         keep_inline(&qp->sq, e);
     qp->sq.count++;
+    if (qp->path != 0) {
+        sf_ctx_heat_backups(qp->ctx); /* its completion comes there: every pass reads the backups meanwhile */
+        return SF_POSTED;
+    }
     return remote_keyed(wr->opcode) && !seen_rkey(qp, wr->rkey) ? SF_POSTED_NEW_RKEY : SF_POSTED;
 }
 
@@ -125,9 +158,10 @@ enum sf_post sf_qp_post_recv(sf_qp *qp, const struct sc_recv_wr *wr, enum sc_pos
         *err = SC_POST_SGES;
         return SF_REFUSED;
     }
-    struct sc_recv_wr provider = {.wr_id = qp->next_id, .num_sge = wr->num_sge, .sg = e->wr.sg};
+    struct sc_recv_wr provider = {.wr_id = qp->next_id, .num_sge = wr->num_sge,
+                                  .sg = on_path(qp, e->wr.sg, e->wr.num_sge)};
     int posted = 0;
-    *err = qp->ctx->dp->post_recv(qp->on[0], &provider, 1, &posted);
+    *err = qp->ctx->dp->post_recv(qp->on[qp->path], &provider, 1, &posted);
     if (*err != SC_POST_OK)
         return SF_REFUSED;
     e->id = qp->next_id++;
@@ -183,7 +217,7 @@ static void release(sf_qp *qp) {
 }
 
 void sf_qp_complete(sf_qp *qp, int path, const struct sc_wc *wc) {
-    if (qp->mode != SF_MODE_FAST || path != 0 || wc->status || wc->wr_id >= SF_CONTROL_IDS) {
+    if (qp->mode != SF_MODE_FAST || path != qp->path || wc->status || wc->wr_id >= SF_CONTROL_IDS) {
         qp->mode = SF_MODE_PYTHON; /* something for the failover layer: the ledger goes to it */
         defer_wc(qp, path, wc);
         return;
@@ -220,7 +254,8 @@ int sf_qp_import(sf_qp *qp, const struct sf_entry *entry) {
     return sf_queue_import(entry->is_send ? &qp->sq : &qp->rq, entry);
 }
 
-void sf_qp_import_done(sf_qp *qp, uint64_t next_id, int64_t sent_two_sided, int64_t received) {
+void sf_qp_import_done(sf_qp *qp, int path, uint64_t next_id, int64_t sent_two_sided, int64_t received) {
+    qp->path = path > 0 && path < qp->ctx->paths && qp->on[path] ? path : 0;
     qp->next_id = next_id;
     qp->sent_two_sided = sent_two_sided;
     qp->received = received;

@@ -1,9 +1,10 @@
-/* The steady state of a shift QP in C (issue 18's item 3, its first step): posting on the default path,
+/* The steady state of a shift QP in C (issue 18's item 3, its first step): posting on the path in use,
  * taking its completions and releasing them to the application's CQ in posting order, behind one call
  * each, over either backend's data path (datapath.h).
  *
  * A shift QP's ledger (every application WR until its completion is handed over) is owned either here
- * (the fast mode: connected, on the default path, nothing unusual) or by the Python failover layer
+ * (the fast mode: connected, on the default path or settled on a backup after a failover, nothing
+ * unusual) or by the Python failover layer
  * (libshift.shift), which hands it over both ways: sf_qp_export before it acts, sf_qp_import_* when the
  * QP is back in its steady state. Anything unusual met here (an error completion, a control WR's
  * completion, one from another path, a full application CQ) gives the ledger up at once and leaves the
@@ -48,7 +49,7 @@ struct sf_deferred {
 enum sf_post {
     SF_POSTED = 0,
     SF_POSTED_NEW_RKEY = 1, /* posted; its rkey is one this QP had not used before (fetch its backups) */
-    SF_NOT_FAST = 2,        /* the ledger is Python's: post there */
+    SF_NOT_FAST = 2,        /* the ledger is Python's, or the peer's key on the path is not known: post there */
     SF_QUEUE_FULL = 3,      /* the application's max_send_wr / max_recv_wr */
     SF_REFUSED = 4,         /* the backend refused it (*err says why); nothing is kept */
 };
@@ -69,6 +70,12 @@ sf_ctx *sf_ctx_new(const struct sc_dp *dp, int paths);
 void sf_ctx_free(sf_ctx *ctx);
 /* A backup path's control CQ (its WCs always go to Python). */
 void sf_ctx_set_control(sf_ctx *ctx, int path, void *cq);
+/* The default path's lkey `lkey` is `path_lkey` on backup `path` (the lkey of its MR's twin there): what a
+ * post on that path sends instead. 0, or -1 (no memory). An lkey the map lacks goes out as it is. */
+int sf_ctx_set_lkey(sf_ctx *ctx, int path, uint32_t lkey, uint32_t path_lkey);
+void sf_ctx_drop_lkey(sf_ctx *ctx, int path, uint32_t lkey);
+/* 1 with *path_lkey when the map has lkey, else 0. */
+int sf_ctx_lkey(const sf_ctx *ctx, int path, uint32_t lkey, uint32_t *path_lkey);
 /* Take completions out of every provider CQ and hand each on; the backup paths on their schedule unless
  * `everything`. -1 if a provider CQ overflowed, else 0. */
 int sf_ctx_progress(sf_ctx *ctx, int everything);
@@ -103,6 +110,9 @@ sf_qp *sf_qp_new(sf_ctx *ctx, sf_cq *send_cq, sf_cq *recv_cq, uint32_t max_send_
                  uint32_t max_sge, uint32_t max_inline, int sig_all);
 /* The provider QP of `path`, numbered qpn: its completions come to this QP (path 0's qpn is the QP's). */
 int sf_qp_add_path(sf_qp *qp, int path, void *provider_qp, uint32_t qpn);
+/* The peer's default rkey `rkey` is `path_rkey` on its side of backup `path`. A fast-mode post on a backup
+ * path whose rkey the map lacks is SF_NOT_FAST: the failover layer looks the key up. 0, or -1. */
+int sf_qp_set_rkey(sf_qp *qp, int path, uint32_t rkey, uint32_t path_rkey);
 void sf_qp_free(sf_qp *qp);
 int sf_qp_mode(const sf_qp *qp);
 /* Sends whose inline bytes the ledger keeps here (for a replay). */
@@ -122,10 +132,11 @@ struct sf_ledger_view {
     int64_t sent_two_sided, received;
 };
 void sf_qp_export(sf_qp *qp, struct sf_ledger_view *out);
-/* Import, entry by entry in posting order, then sf_qp_import_done with the counters: fast from then on.
+/* Import, entry by entry in posting order, then sf_qp_import_done with the counters and the path in use
+ * (where the entries not done are posted): fast from then on.
  * 0, or -1 when an entry does not fit (more SGEs or inline bytes than the caps): the QP stays Python's. */
 int sf_qp_import(sf_qp *qp, const struct sf_entry *entry);
-void sf_qp_import_done(sf_qp *qp, uint64_t next_id, int64_t sent_two_sided, int64_t received);
+void sf_qp_import_done(sf_qp *qp, int path, uint64_t next_id, int64_t sent_two_sided, int64_t received);
 /* Forget what sf_qp_import took (the import failed half-way). */
 void sf_qp_import_abort(sf_qp *qp);
 

@@ -41,6 +41,10 @@ cdef class FastContext:
         f.sf_ctx_set_control(self.ptr, path, <void *>cq.ptr)
         self.controls.append(cq)
 
+    def lkeys(self, int path):
+        """The lkey map of backup `path` (default lkey -> the twin's there), as a mutable mapping."""
+        return LkeyMap(self, path)
+
     def progress(self, bint everything=False):
         """Take the provider CQs' completions (the backup paths' on their schedule unless `everything`)."""
         if self.ptr is NULL or self.closing:
@@ -96,6 +100,36 @@ cdef class FastContext:
         if self.ptr is not NULL and not self.children:
             f.sf_ctx_free(self.ptr)
             self.ptr = NULL
+
+
+cdef class LkeyMap:
+    """One backup path's lkeys (the default path's lkey -> the lkey of its MR's twin on the path), kept in
+    the fast path, which translates the SGEs of its posts there; Python's posts read it through this."""
+    cdef FastContext ctx
+    cdef int path
+
+    def __cinit__(self, FastContext ctx, int path):
+        self.ctx, self.path = ctx, path
+
+    def __setitem__(self, uint32_t lkey, uint32_t path_lkey):
+        if self.ctx.ptr is NULL or f.sf_ctx_set_lkey(self.ctx.ptr, self.path, lkey, path_lkey):
+            raise MemoryError()
+
+    def __contains__(self, uint32_t lkey):
+        cdef uint32_t found
+        return self.ctx.ptr is not NULL and f.sf_ctx_lkey(self.ctx.ptr, self.path, lkey, &found) == 1
+
+    def get(self, uint32_t lkey, default=None):
+        cdef uint32_t found
+        if self.ctx.ptr is not NULL and f.sf_ctx_lkey(self.ctx.ptr, self.path, lkey, &found):
+            return found
+        return default
+
+    def pop(self, uint32_t lkey, default=None):
+        found = self.get(lkey, default)
+        if self.ctx.ptr is not NULL:
+            f.sf_ctx_drop_lkey(self.ctx.ptr, self.path, lkey)
+        return found
 
 
 cdef class FastCQ:
@@ -187,6 +221,11 @@ cdef class FastQP:
             raise MemoryError()
         self.path_qps.append(qp)
 
+    def set_rkey(self, int path, uint32_t rkey, uint32_t path_rkey):
+        """The peer's default rkey `rkey` is `path_rkey` on backup `path`."""
+        if self.ptr is not NULL and f.sf_qp_set_rkey(self.ptr, path, rkey, path_rkey):
+            raise MemoryError()
+
     @property
     def fast(self):
         return self.ptr is not NULL and f.sf_qp_mode(self.ptr) == f.SF_MODE_FAST
@@ -244,16 +283,16 @@ cdef class FastQP:
         receives = [entry_fields(&view.rq[i]) for i in range(view.rq_count)]
         return view.next_id, view.sent_two_sided, view.received, sends, receives
 
-    def import_ledger(self, uint64_t next_id, int64_t sent_two_sided, int64_t received, entries):
-        """Take the ledger back (entries as entry_fields gives them, sends then receives, each in order):
-        True, or False when one does not fit here (the ledger stays Python's)."""
+    def import_ledger(self, int path, uint64_t next_id, int64_t sent_two_sided, int64_t received, entries):
+        """Take the ledger back, on `path` (entries as entry_fields gives them, sends then receives, each in
+        order): True, or False when one does not fit here (the ledger stays Python's)."""
         if self.ptr is NULL:
             return False
         for fields in entries:
             if not import_entry(self.ptr, fields):
                 f.sf_qp_import_abort(self.ptr)
                 return False
-        f.sf_qp_import_done(self.ptr, next_id, sent_two_sided, received)
+        f.sf_qp_import_done(self.ptr, path, next_id, sent_two_sided, received)
         return True
 
     def close(self):

@@ -24,6 +24,7 @@ from libshift.shift.detect import EITHER_ASK_EVERY, device_usable
 from libshift.shift.inline import InlinePool
 from libshift.shift.keys import RemoteKeys
 from libshift.shift.links import LinkWatch
+from libshift.shift.memory import LkeyMap
 from libshift.shift.paths import PATHS, PRIMARY, depth
 from libshift.shift.policy import backup_count, backup_devices
 from libshift.shift.settings import env_int
@@ -65,7 +66,7 @@ class ShiftContext:
         self.backups: list[str] = []  # the backup paths, in the order a QP moves along them
         self.path_of: dict[str, str] = {name: PRIMARY}  # device name -> path
         self.lock = threading.RLock()
-        self.lkeys: dict[str, dict[int, int]] = {}  # backup path -> (default lkey -> lkey on that path)
+        self.lkeys: dict[str, LkeyMap] = {}  # backup path -> (default lkey -> lkey on that path)
         self.inline = InlinePool(self.lkeys)  # copies of inline sends in flight on resilient QPs
         self.cqs: dict[int, ShiftCQ] = {}  # by id, the cookie the fast path names a CQ by
         # the fast path (handover.py): it takes every provider completion, and hands what is not its own here
@@ -118,7 +119,7 @@ class ShiftContext:
             self.devices[path] = ctx
             self.backups.append(path)
             self.path_of[ctx.name] = path
-            self.lkeys[path] = {}
+            self.lkeys[path] = self.fast.lkeys(depth(path))  # in the core: its posts on the path use them
             control_cqs[path] = CQ(ctx, control_cqe(ctx), channel=self.watch(path))
             self.fast.set_control(depth(path), control_cqs[path].impl.native)
         self.control_cqs = control_cqs  # whole: the watchers started above read it

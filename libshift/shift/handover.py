@@ -1,8 +1,12 @@
 """The hand-over of a ShiftQP's ledger between the fast path (the core's, fastpath.h) and the Python
 failover layer.
 
-In its steady state (connected on the default path, with a backup or as a plain QP, nothing held, no
-doubt) a QP's ledger is the core's: a post and a completion are one C call each. Whatever the failover
+In its steady state (connected on the default path, with a backup or as a plain QP, or settled on a
+backup path after a failover; nothing held, no doubt) a QP's ledger is the core's: a post and a completion
+are one C call each. On a backup path the core posts with that path's keys: the context's lkey maps live
+there (ctx.lkeys), and the peer's backup rkeys known so far are handed over with the ledger; a post naming
+an rkey not handed over comes back here (FAST_NOT_FAST), is looked up and posted, and the ledger goes back
+with the key. Whatever the failover
 layer does to a QP starts with `take`, under the context's lock: the core's entries become the Python
 Ledger's, and the QP is Python's until `give` hands them back, which it does only in the steady state.
 The core gives the ledger up by itself when it meets anything unusual, and leaves that completion for
@@ -15,7 +19,7 @@ import errno
 from typing import TYPE_CHECKING
 
 from libshift.core._core import FAST_NEW_RKEY, FAST_POSTED, FAST_QUEUE_FULL
-from libshift.shift.paths import PRIMARY
+from libshift.shift.paths import PRIMARY, depth
 from libshift.shift.rewind import Entry
 from libshift.shift.states import Send
 from libshift.verbs import RecvWR, SendWR, VerbsRDMAError, ibv_wc_status, ibv_wr_opcode
@@ -23,7 +27,7 @@ from libshift.verbs import RecvWR, SendWR, VerbsRDMAError, ibv_wc_status, ibv_wr
 if TYPE_CHECKING:
     from libshift.shift.qp import ShiftQP
 
-STEADY = frozenset({Send.DEFAULT, Send.PLAIN})  # connected on the default path, nothing held
+STEADY = frozenset({Send.DEFAULT, Send.PLAIN, Send.FALLBACK})  # connected on the path in use, nothing held
 
 
 def take(qp: ShiftQP) -> None:
@@ -46,14 +50,19 @@ def take(qp: ShiftQP) -> None:
 def give(qp: ShiftQP) -> None:
     """Hand the ledger to the fast path if the QP is in its steady state and every entry fits there."""
     ledger = qp.ledger
-    steady = qp.states.send in STEADY and qp.current == PRIMARY and qp.doubt.path is None
+    steady = qp.states.send in STEADY and qp.doubt.path is None
     if qp.fast_owned or not steady:
         return
+    current = qp.current
     entries = [*ledger.sq.entries, *ledger.rq.entries]
-    if any(e.slot is not None or e.path not in (PRIMARY, None) or not e.posted for e in entries):
-        return  # an inline copy in the Python pool, or a WR not on the default path: not steady yet
+    if any(e.slot is not None or (e.wc is None and (not e.posted or e.path != current)) for e in entries):
+        return  # an inline copy in the Python pool, or a WR outstanding elsewhere: not steady yet
+    path = depth(current)
+    if current != PRIMARY and qp.ctx.keys is not None and qp.remote is not None:
+        for rkey, backup in qp.ctx.keys.known(qp.remote.gid, path).items():
+            qp.fast.set_rkey(path, rkey, backup)
     fields = [_fields(qp, e) for e in entries]
-    if not qp.fast.import_ledger(ledger.next_id, ledger.sent_two_sided, ledger.received, fields):
+    if not qp.fast.import_ledger(path, ledger.next_id, ledger.sent_two_sided, ledger.received, fields):
         return
     qp.fast_owned = True
     ledger.sq.entries.clear()
@@ -84,7 +93,9 @@ def _entry(qp: ShiftQP, fields: tuple) -> Entry:
         )
     else:
         wr = RecvWR(app_id, None, sg)
-    entry = Entry(wr_id, wr, signaled, None if index < 0 else index, PRIMARY if posted else None, posted, wc)
+    # posted on the path in use: the fast path posts only there, and a switch takes the ledger before it moves
+    path = qp.current if posted else None
+    entry = Entry(wr_id, wr, signaled, None if index < 0 else index, path, posted, wc)
     entry.failed_with = ibv_wc_status(failed_with) if failed_with else None
     if kept is not None and isinstance(wr, SendWR) and qp.states.live:
         pds = {path: path_qp.pd for path, path_qp in qp.qps.items()}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from libshift.shift.memory import deregister_twins, register_twins
+from libshift.shift.memory import LkeyMap, deregister_twins, register_twins
 from libshift.shift.paths import BACKUP, PRIMARY
 from libshift.verbs import MR, PD, SGE, SendWR
 
@@ -40,7 +40,7 @@ class Slot:
 class Shelf:
     """The slots of one size in one PD and its twins: chunks of them are added as needed, kept until close."""
 
-    def __init__(self, pds: dict[str, PD], size: int, lkeys: dict[str, dict[int, int]]) -> None:
+    def __init__(self, pds: dict[str, PD], size: int, lkeys: dict[str, LkeyMap]) -> None:
         self.pds, self.size = pds, size
         self.free: list[Slot] = []
         self._lkeys = lkeys
@@ -72,7 +72,7 @@ class Shelf:
 class InlinePool:
     """The inline copies of one context: `keep` when a send is posted, `Slot.release` when it is done."""
 
-    def __init__(self, lkeys: dict[str, dict[int, int]]) -> None:
+    def __init__(self, lkeys: dict[str, LkeyMap]) -> None:
         self._lkeys = lkeys  # the context's: backup path -> (default lkey -> lkey on that path)
         self._shelves: dict[tuple[PD, int], Shelf] = {}
 

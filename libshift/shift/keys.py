@@ -38,6 +38,17 @@ class RemoteKeys:
             return None
         return chain[depth - 1] if depth <= len(chain) else None
 
+    def known(self, gid: str, depth: int) -> dict[int, int]:
+        """The peer's default rkey -> its rkey on its `depth`-th backup, for every MR of the peer `gid`
+        whose chain has been looked up by now (none is waited for)."""
+        found = {}
+        for (peer, rkey), chain in list(self._chains.items()):
+            if peer == gid and chain.done() and not chain.cancelled() and chain.exception() is None:
+                links = chain.result()
+                if depth <= len(links):
+                    found[rkey] = links[depth - 1]
+        return found
+
     def _chain(self, gid: str, rkey: int) -> list[int]:
         """The peer MR's rkeys on its backups, in order, as far as it published them (and we can use)."""
         chain: list[int] = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from libshift.agent import AgentError
 from libshift.shift.paths import PRIMARY
@@ -20,11 +20,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("libshift.shift")
 
 
+class LkeyMap(Protocol):
+    """A backup path's lkeys: the default path's lkey -> its MR's twin's on that path. The context's live in
+    the core's fast path (FastContext.lkeys), which translates its posts on a backup path with them."""
+
+    def __setitem__(self, lkey: int, path_lkey: int) -> None: ...
+    def __contains__(self, lkey: int) -> bool: ...
+    def get(self, lkey: int, default: int | None = None) -> int | None: ...
+    def pop(self, lkey: int, default: int | None = None) -> int | None: ...
+
+
 def register_twins(
     pds: dict[str, PD],
     length: int,
     access: int,
-    lkeys: dict[str, dict[int, int]],
+    lkeys: dict[str, LkeyMap],
     buffer: Buffer | None = None,
 ) -> dict[str, MR]:
     """One buffer registered in the PD of every path (path -> MR): new memory, or `buffer`, on the default
@@ -39,7 +49,7 @@ def register_twins(
     return on
 
 
-def deregister_twins(on: dict[str, MR], lkeys: dict[str, dict[int, int]]) -> None:
+def deregister_twins(on: dict[str, MR], lkeys: dict[str, LkeyMap]) -> None:
     """Undo register_twins: the lkeys forgotten, the MRs closed, the default's last."""
     lkey = on[PRIMARY].lkey
     for path, mr in reversed(on.items()):

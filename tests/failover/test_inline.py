@@ -126,3 +126,33 @@ def test_a_too_long_inline_send_is_refused_as_the_provider_refuses_it(pair: Pair
     assert [wc.wr_id for wc in completions(pair.cq_b, 1)] == [0]
     assert pair.dst.read(SIZE) == message(0)
     assert pair.ctx.inline.taken == 0
+
+
+def test_after_a_failover_the_backup_path_runs_in_the_core(pair: Pair, nic: Callable[[], None]) -> None:
+    """Settled on the backup path, a QP's ledger is the fast path's again: SENDs go out with the backup
+    lkeys, a WRITE with the application's (default) rkey goes out with the peer's backup rkey (the first
+    one looked up through the agent, the rest in C), and every completion comes back in order."""
+    pair.receive(0)
+    pair.send(0)
+    assert [wc.wr_id for wc in completions(pair.cq_a, 1) + completions(pair.cq_b, 1)] == [0, 0]
+    nic()
+    assert wait_until(lambda: pair.a.state == pair.b.state == State.FALLBACK)
+    for n in range(1, 9):
+        pair.receive(n)
+        pair.src.write(message(n))
+        sg = [SGE(pair.src.buf, SIZE, pair.src.lkey)]
+        pair.a.post_send(SendWR(wr_id=n, sg=sg, send_flags=e.IBV_SEND_SIGNALED))
+        assert [(wc.wr_id, wc.status) for wc in completions(pair.cq_a, 1)] == [(n, OK)]
+        assert [(wc.wr_id, wc.byte_len) for wc in completions(pair.cq_b, 1)] == [(n, SIZE)]
+        assert pair.dst.read(SIZE, n * SIZE) == message(n)
+    assert pair.a.fast.fast and pair.b.fast.fast  # both ledgers in C on the backup path
+    for n in range(9, 13):
+        pair.src.write(message(n))
+        write = SendWR(wr_id=n, opcode=e.IBV_WR_RDMA_WRITE, send_flags=e.IBV_SEND_SIGNALED,
+                       sg=[SGE(pair.src.buf, SIZE, pair.src.lkey)])  # fmt: skip
+        write.set_wr_rdma(pair.dst.rkey, pair.dst.buf + n * SIZE)
+        pair.a.post_send(write)
+        assert [(wc.wr_id, wc.status) for wc in completions(pair.cq_a, 1)] == [(n, OK)]
+        assert pair.dst.read(SIZE, n * SIZE) == message(n)
+        assert pair.a.fast.fast  # the first WRITE's key lookup handed the ledger back with the key
+    assert pair.a.state == State.FALLBACK

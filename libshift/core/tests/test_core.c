@@ -594,6 +594,17 @@ static void test_timer_heap(void) {
     sc_ctx_free(ctx);
 }
 
+/* The end of a fast-path test: its QPs, CQs and context, then the duo under them. */
+static void fast_pair_free(sf_ctx *ctx, sf_qp *a, sf_qp *b, sf_cq *fa, sf_cq *fb, struct duo *d) {
+    sf_qp_free(a);
+    sf_qp_free(b);
+    sf_cq_free(fa);
+    sf_cq_free(fb);
+    sf_ctx_free(ctx);
+    sc_ctx_free(d->ca);
+    sc_ctx_free(d->cb);
+}
+
 /* The fast path over the tcp engine: posts and completions in posting order with the application's
  * wr_ids, an error completion handed to Python (deferred, the ledger given up), and the ledger's
  * hand-over out and back. */
@@ -605,8 +616,8 @@ static void test_the_fast_path(void) {
     sf_cq *fa = sf_cq_new(ctx, 8, cqs_a, 1), *fb = sf_cq_new(ctx, 8, cqs_b, 2);
     sf_qp *a = sf_qp_new(ctx, fa, fa, 4, 4, 2, 16, 0), *b = sf_qp_new(ctx, fb, fb, 4, 4, 2, 16, 0);
     CHECK(sf_qp_add_path(a, 0, d.a, 1) == 0 && sf_qp_add_path(b, 0, d.b, 2) == 0);
-    sf_qp_import_done(a, 1, 0, 0);
-    sf_qp_import_done(b, 1, 0, 0);
+    sf_qp_import_done(a, 0, 1, 0, 0);
+    sf_qp_import_done(b, 0, 1, 0, 0);
     enum sc_post_error err = SC_POST_OK;
     struct sc_sge sa = {(uint64_t)(uintptr_t)ma, 8, sc_mr_lkey(d.ra)}, sb = {(uint64_t)(uintptr_t)mb, 8,
                                                                           sc_mr_lkey(d.rb)};
@@ -638,20 +649,71 @@ static void test_the_fast_path(void) {
     struct sf_entry kept = view.rq[0];
     CHECK(sf_qp_post_recv(b, &r, &err) == SF_NOT_FAST);
     CHECK(sf_qp_import(b, &kept) == 0);
-    sf_qp_import_done(b, view.next_id, view.sent_two_sided, view.received);
+    sf_qp_import_done(b, 0, view.next_id, view.sent_two_sided, view.received);
     sc_qp_to_err(d.b); /* its receive flushes: an error, which is the failover layer's */
     struct sf_deferred item = {0};
     for (int i = 0; i < 20000 && !sf_ctx_has_deferred(ctx); i++)
         sf_ctx_progress(ctx, 0);
     CHECK(sf_ctx_next_deferred(ctx, &item) == 1 && item.kind == SF_DEFER_WC && item.wc.wr_id == kept.id);
     CHECK(item.wc.status == WC_WR_FLUSH_ERR && sf_qp_mode(b) == SF_MODE_PYTHON);
-    sf_qp_free(a);
-    sf_qp_free(b);
-    sf_cq_free(fa);
-    sf_cq_free(fb);
-    sf_ctx_free(ctx);
-    sc_ctx_free(d.ca);
-    sc_ctx_free(d.cb);
+    fast_pair_free(ctx, a, b, fa, fb, &d);
+}
+
+/* A QP settled on a backup path after a failover keeps its ledger in the fast path: its posts go on that
+ * path with the path's keys (the default lkey's twin from the context's map, the peer's backup rkey from
+ * the QP's own; an rkey it does not know is the failover layer's to look up, SF_NOT_FAST, nothing kept),
+ * and that path's completions are its own. Here a's path 1 is the duo's connection; its path 0 unused. */
+static void test_the_fast_path_on_a_backup_path(void) {
+    static uint8_t ma[256], mb[256];
+    struct duo d = duo_new(ma, sizeof ma, mb, sizeof mb, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE);
+    sf_ctx *ctx = sf_ctx_new(&sc_dp_tcp, 2);
+    void *cqs_a[2] = {NULL, d.qa}, *cqs_b[2] = {d.qb, NULL};
+    sf_cq *fa = sf_cq_new(ctx, 8, cqs_a, 1), *fb = sf_cq_new(ctx, 8, cqs_b, 2);
+    sf_qp *a = sf_qp_new(ctx, fa, fa, 4, 4, 2, 16, 0), *b = sf_qp_new(ctx, fb, fb, 4, 4, 2, 16, 0);
+    sc_qp *unused = lone_qp(d.ca);
+    CHECK(sf_qp_add_path(a, 0, unused, 9) == 0 && sf_qp_add_path(a, 1, d.a, 1) == 0);
+    CHECK(sf_qp_add_path(b, 0, d.b, 2) == 0);
+    sf_qp_import_done(a, 1, 1, 0, 0);
+    sf_qp_import_done(b, 0, 1, 0, 0);
+    const uint32_t default_lkey = 0x51, default_rkey = 0x77; /* what the application knows: not these QPs' */
+    CHECK(sf_ctx_set_lkey(ctx, 1, default_lkey, sc_mr_lkey(d.ra)) == 0);
+    uint32_t found = 0;
+    CHECK(sf_ctx_lkey(ctx, 1, default_lkey, &found) == 1 && found == sc_mr_lkey(d.ra));
+    CHECK(sf_ctx_lkey(ctx, 0, default_lkey, &found) == 0 && sf_ctx_set_lkey(ctx, 0, 1, 2) == -1);
+
+    memcpy(ma, "backup!", 8);
+    enum sc_post_error err = SC_POST_OK;
+    struct sc_sge sa = {(uint64_t)(uintptr_t)ma, 8, default_lkey}, sb = {(uint64_t)(uintptr_t)mb, 8,
+                                                                         sc_mr_lkey(d.rb)};
+    struct sc_recv_wr r = {.wr_id = 300, .num_sge = 1, .sg = &sb};
+    CHECK(sf_qp_post_recv(b, &r, &err) == SF_POSTED);
+    struct sc_send_wr write = {.wr_id = 21, .opcode = WR_RDMA_WRITE, .send_flags = SEND_SIGNALED,
+                               .rkey = default_rkey, .remote_addr = (uint64_t)(uintptr_t)mb + 64, .num_sge = 1,
+                               .sg = &sa};
+    CHECK(sf_qp_post_send(a, &write, &err) == SF_NOT_FAST && sf_qp_mode(a) == SF_MODE_FAST);
+    struct sf_ledger_view view;
+    CHECK(sf_qp_set_rkey(a, 1, default_rkey, sc_mr_rkey(d.rb)) == 0 && sf_qp_set_rkey(a, 0, 1, 2) == -1);
+    CHECK(sf_qp_post_send(a, &write, &err) == SF_POSTED);
+    struct sc_send_wr send = {.wr_id = 22, .opcode = WR_SEND, .send_flags = SEND_SIGNALED, .num_sge = 1, .sg = &sa};
+    CHECK(sf_qp_post_send(a, &send, &err) == SF_POSTED);
+    struct sc_wc got[3];
+    int sent = 0, received = 0;
+    for (int i = 0; i < 20000 && (sent < 2 || !received); i++) {
+        sf_ctx_progress(ctx, 1);
+        sent += sf_cq_take(fa, 2 - sent, &got[sent]);
+        received += sf_cq_take(fb, 1, &got[2]);
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(sent == 2 && got[0].wr_id == 21 && got[0].status == WC_SUCCESS && got[0].qp_num == 9);
+    CHECK(got[1].wr_id == 22 && got[1].status == WC_SUCCESS);
+    CHECK(received == 1 && got[2].wr_id == 300 && memcmp(mb, "backup!", 8) == 0 && memcmp(mb + 64, "backup!", 8) == 0);
+    CHECK(sf_qp_mode(a) == SF_MODE_FAST && !sf_ctx_has_deferred(ctx));
+    sf_qp_export(a, &view); /* the ledger keeps the application's keys: a replay translates them again */
+    CHECK(view.sq_count == 0 && view.next_id == 3);
+    sf_ctx_drop_lkey(ctx, 1, default_lkey);
+    CHECK(sf_ctx_lkey(ctx, 1, default_lkey, &found) == 0);
+    fast_pair_free(ctx, a, b, fa, fb, &d);
 }
 
 /* A switch's drain takes its path's deferred completions (and CQ events) out of the queue; the others
@@ -689,6 +751,7 @@ int main(void) {
     test_qpns_name_listeners();
     test_timer_heap();
     test_the_fast_path();
+    test_the_fast_path_on_a_backup_path();
     test_a_drain_takes_only_its_paths_deferred_items();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
