@@ -58,7 +58,7 @@ cdef extern from "fastpath.h" nogil:
     int sf_ctx_drain(sf_ctx *ctx, sf_cq *cq, int path)
     int sf_ctx_next_deferred(sf_ctx *ctx, sf_deferred *out)
     int sf_ctx_has_deferred(const sf_ctx *ctx)
-    int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, sf_deferred *out)
+    int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, uint32_t qpn, sf_deferred *out)
     int sf_ctx_backup_hot(const sf_ctx *ctx)
     void sf_ctx_heat_backups(sf_ctx *ctx)
 

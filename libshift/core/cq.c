@@ -237,14 +237,18 @@ static int take(struct sc_cq *cq, int n, struct sc_wc *out) {
     return got;
 }
 
-int sc_cq_poll(sc_cq *cq, int n, struct sc_wc *out) {
+static int poll_cq(sc_cq *cq, int n, struct sc_wc *out, int drive) {
     struct sc_ctx *ctx = cq->ctx;
     pthread_mutex_lock(&ctx->lock);
-    if (!cq->count && !cq->overflowed) sc_drive(ctx); /* a busy poll moves its own data */
+    if (drive && !cq->count && !cq->overflowed) sc_drive(ctx); /* a busy poll moves its own data */
     int got = take(cq, n, out);
     pthread_mutex_unlock(&ctx->lock);
     return got;
 }
+
+int sc_cq_poll(sc_cq *cq, int n, struct sc_wc *out) { return poll_cq(cq, n, out, 1); }
+
+int sc_cq_peek(sc_cq *cq, int n, struct sc_wc *out) { return poll_cq(cq, n, out, 0); }
 
 void sc_cq_req_notify(sc_cq *cq, int solicited_only) {
     pthread_mutex_lock(&cq->ctx->lock);

@@ -161,11 +161,12 @@ int sf_ctx_next_deferred(sf_ctx *ctx, struct sf_deferred *out) {
 
 int sf_ctx_has_deferred(const sf_ctx *ctx) { return ctx->deferred_count > 0; }
 
-int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, struct sf_deferred *out) {
+int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, uint32_t qpn, struct sf_deferred *out) {
     uint32_t cap = ctx->deferred_cap;
     for (uint32_t i = 0; i < ctx->deferred_count; i++) {
         struct sf_deferred *item = &ctx->deferred[(ctx->deferred_head + i) % cap];
-        int wanted = item->kind == SF_DEFER_NOTIFY || (item->kind == SF_DEFER_WC && item->path == (uint32_t)path);
+        int ours = item->kind == SF_DEFER_WC && item->path == (uint32_t)path && item->wc.qp_num == qpn;
+        int wanted = item->kind == SF_DEFER_NOTIFY || ours;
         if (!wanted)
             continue;
         *out = *item;
@@ -186,14 +187,15 @@ void sf_ctx_heat_backups(sf_ctx *ctx) {
 
 /* -- progress ----------------------------------------------------------------------------------------------- */
 
-/* Every completion of one provider CQ to its QP; 1 if any came, -1 if the CQ overflowed. */
-static int drain(sf_ctx *ctx, void *provider_cq, int path) {
+/* Every completion of one provider CQ to its QP, driving its transport (a poll) or taking only what its
+ * progress thread has made (a peek); 1 if any came, -1 if the CQ overflowed. */
+static int drain(sf_ctx *ctx, void *provider_cq, int path, int drive) {
     struct sc_wc wcs[SF_POLL_BATCH];
     int got = 0, n;
     if (!provider_cq)
         return 0;
     do {
-        n = ctx->dp->cq_poll(provider_cq, SF_POLL_BATCH, wcs);
+        n = (drive ? ctx->dp->cq_poll : ctx->dp->cq_peek)(provider_cq, SF_POLL_BATCH, wcs);
         if (n < 0)
             return -1;
         for (int i = 0; i < n; i++) {
@@ -209,24 +211,26 @@ static int drain(sf_ctx *ctx, void *provider_cq, int path) {
 int sf_ctx_drain(sf_ctx *ctx, sf_cq *cq, int path) {
     if (path < 0 || path >= ctx->paths)
         return 0;
-    return drain(ctx, cq ? cq->on[path] : ctx->control[path], path);
+    return drain(ctx, cq ? cq->on[path] : ctx->control[path], path, 1);
 }
 
 int sf_ctx_progress(sf_ctx *ctx, int everything) {
     int64_t now = now_ns();
+    /* the backup paths: driven while hot or on their schedule, else only what their progress threads
+     * have made (a peer's count, an error) is taken, which costs a lock and parks no thread */
     int backup = ctx->paths > 1 && (everything || now >= ctx->backup_next);
     int moved = 0, overflow = 0, got;
     for (uint32_t i = 0; i < ctx->ncqs; i++) {
         sf_cq *cq = ctx->cqs[i];
-        overflow |= drain(ctx, cq->on[0], 0) < 0;
-        for (int path = 1; backup && path < ctx->paths; path++) {
-            got = drain(ctx, cq->on[path], path);
+        overflow |= drain(ctx, cq->on[0], 0, 1) < 0;
+        for (int path = 1; path < ctx->paths; path++) {
+            got = drain(ctx, cq->on[path], path, backup);
             overflow |= got < 0;
             moved |= got > 0;
         }
     }
-    for (int path = 1; backup && path < ctx->paths; path++) {
-        got = drain(ctx, ctx->control[path], path);
+    for (int path = 1; path < ctx->paths; path++) {
+        got = drain(ctx, ctx->control[path], path, backup);
         overflow |= got < 0;
         moved |= got > 0;
     }

@@ -84,10 +84,12 @@ int sf_ctx_drain(sf_ctx *ctx, sf_cq *cq, int path);
 /* The oldest deferred item into *out: 1, or 0 when there is none. */
 int sf_ctx_next_deferred(sf_ctx *ctx, struct sf_deferred *out);
 int sf_ctx_has_deferred(const sf_ctx *ctx);
-/* The oldest deferred completion of `path` or CQ event into *out, taken out of the queue (the items
- * before it and of other paths stay, in order): what a switch's drain of the path it leaves must see at
- * once (and the events it raised, so that no waiter waits for the next pass). */
-int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, struct sf_deferred *out);
+/* The oldest deferred completion of provider QP `qpn` on `path`, or CQ event, into *out, taken out of the
+ * queue (the items before it, of other QPs and of other paths stay, in order): what a switch's drain of
+ * the path it leaves must see at once (and the events it raised, so that no waiter waits for the next
+ * pass). Another QP's error there is not its business: handed over inside the switch, it would start that
+ * QP's switch inside this one, and with a thousand QPs on one CQ the switches nested a thousand deep. */
+int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, uint32_t qpn, struct sf_deferred *out);
 /* Whether a backup path carried traffic within SF_BACKUP_HOT_NS. */
 int sf_ctx_backup_hot(const sf_ctx *ctx);
 /* Read the backup paths on every pass for SF_BACKUP_HOT_NS from now, as if they had carried traffic: a

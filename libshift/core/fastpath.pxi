@@ -54,18 +54,19 @@ cdef class FastContext:
         if f.sf_ctx_has_deferred(self.ptr):
             self.hand_over()
 
-    def drain(self, FastCQ cq, int path):
+    def drain(self, FastCQ cq, int path, uint32_t qpn):
         """Take the completions of one path of `cq` (None: that path's control CQ), and hand over at once
-        every deferred completion of that path, older ones too, and the CQ events: a switch drains the
-        path it leaves so that its receive count is final. Completions of other paths wait for the
-        hand-over under way (a peer's count taken in the same pass must not meet the switch half-done)."""
+        every deferred completion of provider QP `qpn` on that path, older ones too, and the CQ events: a
+        switch drains the path it leaves so that its receive count is final. Completions of other paths
+        and other QPs wait for the hand-over under way (a peer's count taken in the same pass must not
+        meet the switch half-done, nor another QP's error start its switch inside this one)."""
         cdef f.sf_deferred item
         if self.ptr is NULL:
             return
         if f.sf_ctx_drain(self.ptr, NULL if cq is None else cq.ptr, path) < 0:
             raise CQOverflowError("CQ overflow: a provider CQ behind a ShiftCQ overflowed")
         with self.lock:
-            while self.ptr is not NULL and f.sf_ctx_next_deferred_on(self.ptr, path, &item):
+            while self.ptr is not NULL and f.sf_ctx_next_deferred_on(self.ptr, path, qpn, &item):
                 self.handler(item.kind, item.path, item.cookie, wc_of(&item.wc))
 
     def hand_over(self):

@@ -104,8 +104,12 @@ void sc_chan_free(sc_chan *chan);
 void sc_ctx_wake_waiters(sc_ctx *ctx);
 
 sc_cq *sc_cq_new(sc_ctx *ctx, uint32_t cqe, sc_chan *chan, uint64_t cookie);
-/* Up to n completions into out, oldest first; -1 once the CQ has overflowed. */
+/* Up to n completions into out, oldest first; -1 once the CQ has overflowed. An empty CQ makes a pass of
+ * the context on the caller's thread first (a busy poll moves its own data). */
 int sc_cq_poll(sc_cq *cq, int n, struct sc_wc *out);
+/* As sc_cq_poll, but only what is already made: no pass, so the context's progress thread keeps making
+ * progress (a poll's pass parks it); for a CQ looked at often that is usually idle. */
+int sc_cq_peek(sc_cq *cq, int n, struct sc_wc *out);
 void sc_cq_req_notify(sc_cq *cq, int solicited_only);
 void sc_cq_free(sc_cq *cq);
 

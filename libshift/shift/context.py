@@ -145,14 +145,16 @@ class ShiftContext:
 
         A provider CQ found empty costs a pass of its device's engine; the backup path's CQs (the twins and
         the control CQ) made a busy poll cost three passes where a bare CQ costs one. So, unless told to look
-        at `everything` (the watchers, woken by the backup path), a pass looks at the backup path only while
-        it carries traffic (it moved in the last 50 ms) and otherwise every millisecond. What is not the
-        fast path's own comes to _deferred, under the lock."""
+        at `everything` (the watchers, woken by the backup path), a pass drives the backup path only while
+        it carries traffic (it moved in the last 50 ms) and otherwise every millisecond, and in between only
+        takes what its engine's own thread has made. What is not the fast path's own comes to _deferred,
+        under the lock."""
         self.fast.progress(everything)
 
-    def drain(self, cq: ShiftCQ | None, path: str) -> None:
-        """Take the completions of one path of `cq` (None: the path's control CQ)."""
-        self.fast.drain(None if cq is None else cq.fast, depth(path))
+    def drain(self, cq: ShiftCQ | None, path: str, qp_num: int) -> None:
+        """Take the completions of one path of `cq` (None: the path's control CQ), and act on those of the
+        provider QP `qp_num` there at once (the others wait for the hand-over under way)."""
+        self.fast.drain(None if cq is None else cq.fast, depth(path), qp_num)
 
     def _deferred(self, kind: int, path: int, cookie: int, wc: WC) -> None:
         """What the fast path hands over (under the lock): a completion for the failover layer, a QP that

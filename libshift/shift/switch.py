@@ -63,10 +63,11 @@ class Switcher:
         qp.states.step(Transition.STOP)  # the fence's held sends go with the rest, after the peer's count
         qp.doubt.end(surface=False)  # what it held failed on the path left: settled with the rest
         qp.qps[left].to_err()  # nothing more lands on the old path: our receive count is final
+        leaving = qp.qps[left].qp_num
         for cq in {qp.send_cq, qp.recv_cq}:
-            ctx.drain(cq, left)
+            ctx.drain(cq, left, leaving)
         if left != PRIMARY:
-            ctx.drain(None, left)  # its control CQ
+            ctx.drain(None, left, leaving)  # its control CQ
         if qp.states.send is Send.BROKEN:
             return  # a completion drained overflowed the application's CQ: nothing to switch any more
         steps.note(qp.qp_num, "old_path_stopped")

@@ -324,6 +324,31 @@ static void test_the_link_watch_reads_link_messages(void) {
     CHECK(sc_link_parse(buf, first, 0, watched, 3, got, 8) == 1 && got[0].up); /* the flags decide */
 }
 
+/* A peek takes what the context's progress thread has made, with no pass of its own: a message arrives
+ * at b while nobody on b's side drives (b's CQ is only peeked), and it completes there all the same. */
+static void test_a_peek_takes_what_the_progress_thread_made(void) {
+    static uint8_t ma[64], mb[64];
+    struct duo d = duo_new(ma, sizeof ma, mb, sizeof mb, ACCESS_LOCAL_WRITE);
+    struct sc_sge sa = {(uint64_t)(uintptr_t)ma, 4, sc_mr_lkey(d.ra)}, sb = {(uint64_t)(uintptr_t)mb, 4,
+                                                                          sc_mr_lkey(d.rb)};
+    struct sc_recv_wr r = {.wr_id = 5, .num_sge = 1, .sg = &sb};
+    struct sc_send_wr s = {.wr_id = 6, .opcode = WR_SEND, .send_flags = SEND_SIGNALED, .num_sge = 1, .sg = &sa};
+    int posted;
+    struct sc_wc wc;
+    CHECK(sc_cq_peek(d.qb, 1, &wc) == 0);
+    CHECK(sc_qp_post_recv(d.b, &r, 1, &posted) == SC_POST_OK);
+    CHECK(sc_qp_post_send(d.a, &s, 1, &posted) == SC_POST_OK);
+    int got = 0;
+    for (int i = 0; i < 20000 && !got; i++) {
+        got = sc_cq_peek(d.qb, 1, &wc);
+        if (!got) usleep(100);
+    }
+    CHECK(got == 1 && wc.wr_id == 5 && wc.status == WC_SUCCESS);
+    CHECK(wait_wc(d.qa, &wc) && wc.wr_id == 6);
+    sc_ctx_free(d.ca);
+    sc_ctx_free(d.cb);
+}
+
 /* sc_chan_wait, and the seconds it took. */
 static int timed_wait(sc_chan *chan, int timeout_ms, int drive, double *took) {
     struct timespec t0, t1;
@@ -716,25 +741,26 @@ static void test_the_fast_path_on_a_backup_path(void) {
     fast_pair_free(ctx, a, b, fa, fb, &d);
 }
 
-/* A switch's drain takes its path's deferred completions (and CQ events) out of the queue; the others
- * stay, in order, for the hand-over under way. */
-static void test_a_drain_takes_only_its_paths_deferred_items(void) {
+/* A switch's drain takes its QP's deferred completions on its path (and CQ events) out of the queue; the
+ * others (another path's, another QP's on the same path, an overflow) stay, in order, for the hand-over
+ * under way. */
+static void test_a_drain_takes_only_its_qps_deferred_items(void) {
     sf_ctx *ctx = sf_ctx_new(&sc_dp_tcp, 2);
-    uint32_t kinds[5] = {SF_DEFER_WC, SF_DEFER_WC, SF_DEFER_NOTIFY, SF_DEFER_WC, SF_DEFER_OVERFLOW};
-    uint32_t paths[5] = {1, 0, 0, 0, 0};
-    for (uint64_t i = 0; i < 5; i++) {
-        struct sf_deferred item = {.kind = kinds[i], .path = paths[i], .wc = {.wr_id = i}};
+    uint32_t kinds[6] = {SF_DEFER_WC, SF_DEFER_WC, SF_DEFER_NOTIFY, SF_DEFER_WC, SF_DEFER_WC, SF_DEFER_OVERFLOW};
+    uint32_t paths[6] = {1, 0, 0, 0, 0, 0}, qpns[6] = {7, 7, 0, 8, 7, 7};
+    for (uint64_t i = 0; i < 6; i++) {
+        struct sf_deferred item = {.kind = kinds[i], .path = paths[i], .wc = {.wr_id = i, .qp_num = qpns[i]}};
         CHECK(sf_ctx_defer(ctx, &item) == 0);
     }
     struct sf_deferred got;
-    uint64_t taken[3] = {0}, left[2] = {0};
+    uint64_t taken[3] = {0}, left[3] = {0};
     for (int i = 0; i < 3; i++)
-        CHECK(sf_ctx_next_deferred_on(ctx, 0, &got) == 1 && (taken[i] = got.wc.wr_id, 1));
-    CHECK(sf_ctx_next_deferred_on(ctx, 0, &got) == 0);
-    CHECK(taken[0] == 1 && taken[1] == 2 && taken[2] == 3);
-    for (int i = 0; i < 2; i++)
+        CHECK(sf_ctx_next_deferred_on(ctx, 0, 7, &got) == 1 && (taken[i] = got.wc.wr_id, 1));
+    CHECK(sf_ctx_next_deferred_on(ctx, 0, 7, &got) == 0);
+    CHECK(taken[0] == 1 && taken[1] == 2 && taken[2] == 4);
+    for (int i = 0; i < 3; i++)
         CHECK(sf_ctx_next_deferred(ctx, &got) == 1 && (left[i] = got.wc.wr_id, 1));
-    CHECK(left[0] == 0 && left[1] == 4 && !sf_ctx_has_deferred(ctx));
+    CHECK(left[0] == 0 && left[1] == 3 && left[2] == 5 && !sf_ctx_has_deferred(ctx));
     sf_ctx_free(ctx);
 }
 
@@ -745,6 +771,7 @@ int main(void) {
     test_a_connected_pair();
     test_the_last_request_asks_for_its_ack();
     test_the_link_watch_reads_link_messages();
+    test_a_peek_takes_what_the_progress_thread_made();
     test_a_wait_makes_its_own_completion();
     test_the_smaller_address_and_qpn_connects();
     test_refusals();
@@ -752,7 +779,7 @@ int main(void) {
     test_timer_heap();
     test_the_fast_path();
     test_the_fast_path_on_a_backup_path();
-    test_a_drain_takes_only_its_paths_deferred_items();
+    test_a_drain_takes_only_its_qps_deferred_items();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
