@@ -43,9 +43,10 @@ def bench(lab, tmp_path: Path, script: str, *args: str) -> tuple[str, dict]:
 
 # The steps of a failover that each trial must show, and pairs of them that can only come in this order: a
 # host's own steps in program order, and a count taken only after the peer began to switch and send it.
-STEPS = ("nic_event", "switch", "old_path_stopped", "count_sent", "peer_count", "replay_posted")
+# "detected" is the first of the link watch's event and shiftd's, whichever moved the QPs.
+STEPS = ("detected", "switch", "old_path_stopped", "count_sent", "peer_count", "replay_posted")
 BEFORE = [
-    ("h0 nic_event", "h0 switch"),
+    ("h0 detected", "h0 switch"),
     ("h0 switch", "h0 old_path_stopped"),
     ("h0 old_path_stopped", "h0 count_sent"),
     ("h0 count_sent", "h1 peer_count"),
@@ -64,7 +65,6 @@ def test_failover_downtime(lab, tmp_path: Path) -> None:
         assert len(samples) == 2
         for s in samples:  # after the link went down, and well inside the stream's life
             assert 0 < s["downtime_ms"] < 5000, s
-            assert 0 < s["agent_ms"] < s["downtime_ms"], s  # the NIC event came first, then the traffic
         assert any(line.startswith(mode) and "median < 1 ms" in line for line in table.splitlines())
         # where the downtime went: every step in every trial, inside it, in an order that can be
         steps = results["steps"][mode]
