@@ -426,12 +426,16 @@ class Agent:
             seq, report = head
             if not self._registered.wait(REPORT_RETRY):
                 continue
+            # where every QP runs, with the last report of a burst only: shiftd counts the others' moves from
+            # the reports themselves, and asking every context for its QPs' paths once per report cost a
+            # storm of 1,000 switches a million QP visits under the contexts' locks
+            paths = self._paths() if self.reports.last(seq) else None
             request = agent_pb2.ReportFailoverRequest(
                 agent_id=self._agent_id,
                 report=report,
                 instance=self.instance,
                 seq=seq,
-                paths=self._paths(),
+                paths=paths,
                 reports_dropped=self.reports.dropped,
             )
             try:

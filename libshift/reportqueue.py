@@ -47,6 +47,11 @@ class ReportQueue(Generic[T]):
             self._cond.wait_for(lambda: self._pending or self._closed, timeout)
             return self._pending[0] if self._pending and not self._closed else None
 
+    def last(self, seq: int) -> bool:
+        """Whether report `seq` is the newest queued (no other is waiting behind it)."""
+        with self._cond:
+            return bool(self._pending) and self._pending[-1][0] == seq
+
     def ack(self, seq: int) -> None:
         """shiftd has report `seq`: off the queue (unless the bound dropped it meanwhile)."""
         with self._cond:

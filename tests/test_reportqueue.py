@@ -18,6 +18,17 @@ def test_reports_are_numbered_and_leave_only_when_acknowledged():
     assert len(queue) == 0 and queue.head(timeout=0.01) is None
 
 
+def test_the_newest_report_is_known_as_the_last_of_its_burst():
+    """The reporter sends where every QP runs with the last report of a burst only."""
+    queue = ReportQueue()
+    first, second = queue.put("a"), queue.put("b")
+    assert not queue.last(first) and queue.last(second)
+    queue.ack(first)
+    assert queue.last(second)
+    queue.ack(second)
+    assert not queue.last(second)  # gone: nothing is last
+
+
 def test_past_the_bound_the_oldest_goes_and_is_counted():
     queue = ReportQueue(bound=2)
     for item in "abcd":

@@ -39,7 +39,8 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
 REGISTER_BUDGET = 1.0
 FAILOVER = ("FAILOVER_KIND_FAILOVER", "mlx5_0", "mlx5_1")
 FAILBACK = ("FAILOVER_KIND_FAILBACK", "mlx5_1", "mlx5_0")
-AWAY_DETECTIONS = {"error_completion", "peer_notification"}  # no daemon to tell: the data path finds it
+# no daemon to tell: the application's own link watch (nic_event) or the data path finds it
+AWAY_DETECTIONS = {"nic_event", "error_completion", "peer_notification"}
 LINK_DOWN_DETECTIONS = {"nic_event", "error_completion"}  # the fastest of the two, as in assert_reports
 
 
