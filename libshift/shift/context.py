@@ -307,8 +307,9 @@ class ShiftContext:
         self._device_event(path, True, "link_event")
 
     def _device_event(self, path: str, down: bool, source: str) -> None:
-        """The default's DOWN is the fastest of the three detections, its UP starts the failback; a backup's
-        DOWN moves the traffic on it along, its UP re-arms it. A second DOWN finds nothing left to move."""
+        """The default's DOWN is the fastest detection (the link watch's or shiftd's, before any error
+        completion), its UP starts the failback; a backup's DOWN moves the traffic on it along, its UP
+        re-arms it. A second DOWN finds nothing left to move."""
         if path == PRIMARY and down:
             steps.note(0, source)
         with self.lock:
