@@ -35,6 +35,7 @@ def link_read(int fd, int source, watched):
         got = lw.sc_link_read(fd, source, links, count, events, LINK_EVENTS)
         if got < 0:
             raise OSError(errno, "reading the link watch's socket failed")
-        return [(events[i].source, events[i].ifindex, bool(events[i].up), bool(events[i].gone)) for i in range(got)]
+        return [(events[i].source, events[i].ifindex, bool(events[i].up), bool(events[i].gone))
+                for i in range(got)]
     finally:
         free(links)

@@ -263,6 +263,9 @@ def silent_blackhole(towards: str = "h1") -> Fault:
     )
 
 
+FROZEN = 0.5  # seconds h0's shiftd is held stopped while its NIC fails
+
+
 def link_lost_while_shiftd_is_frozen(lab: Lab, reason: str) -> Fault:
     """h0's port on rail 0's switch goes down (h0's mlx5_0 loses carrier) while h0's shiftd is frozen
     (SIGSTOP) for FROZEN seconds: no NIC event can come from the daemon meanwhile, so a move for
@@ -282,9 +285,6 @@ def link_lost_while_shiftd_is_frozen(lab: Lab, reason: str) -> Fault:
             os.kill(daemon.pid, signal.SIGCONT)
 
     return Fault("h0", reason, inject, lambda lab: subprocess.run([*port, "up"], check=True))
-
-
-FROZEN = 0.5
 
 
 # -- the stream --------------------------------------------------------------------------------------------
