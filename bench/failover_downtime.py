@@ -43,6 +43,7 @@ def trials(lab: Lab, mode: str, count: int, kind: str, keep_steps: bool) -> dict
         pair.sender.send(stream=True)
         pair.settle()
         for i in range(count):
+            pair.sender.ask("armed", arm=True)  # a WR beyond the window every 50 us from now
             t0 = fault(lab, kind, up=False)
             resumed = pair.sender.ask("resumed", mark=t0)
             if not resumed["resumed"]:
@@ -128,7 +129,8 @@ def print_steps(results: dict[str, dict[str, Any]]) -> None:
     print("context; detected: the first of the two; switch: a QP began to leave its path;")
     print("old_path_stopped: nothing more lands there, its count is final; count_sent: the count goes")
     print("out on the new path; peer_count: the peer's came; replay_posted: what the peer lacks")
-    print("is posted on the new path.")
+    print("is posted on the new path; marked: the sender has t0 and posts one WR more, the one whose")
+    print("completion ends the downtime.")
 
 
 def main() -> int:

@@ -6,9 +6,12 @@ way, connects `--qps` QPs (one CQ for all), prints {"connected", "connected_s"},
 
   {"stream": true}        sender: post continuously (SEND, RDMA_WRITE or RDMA_READ of --size bytes,
                           round-robin, at most --window outstanding per QP) until told to stop;
+  {"arm": true}           sender: answer {"armed"}, then post one WR beyond the window on every QP each
+                          TICK (while it has SPARE room), so that one is posted within TICK of a fault
+                          however late the {"mark"} comes (the order's own trip takes 1-2 ms);
   {"mark": t0}            sender: post one more WR on every QP at once, and answer {"resumed"} once every
                           QP has completed a WR posted at or after t0 (CLOCK_MONOTONIC ns): a WR posted after
-                          the fault can only complete on the backup;
+                          the fault can only complete on the backup; the ticks of {"arm"} end with it;
   {"burst": seconds}      sender: stream for that long, answer {"burst": bytes, seconds};
   {"ping": n}             sender: n ping-pongs of --size bytes on QP 0, answer {"ping": [half round trips]};
   {"nic": "down", "since": t}  sender: answer {"nic": true} once shiftd's NIC event ("down" or "up") for
@@ -51,6 +54,8 @@ PING_WR = 1 << 48  # wr_id of pings and their answers, apart from the stream's s
 BATCH = 64
 IDLE_WAIT = 0.01  # the longest block on the channel, so that orders are noticed
 ANSWER_WITHIN = 30.0  # an order not met by then is answered anyway, saying so
+SPARE = 4  # room beyond the window on every QP (and receives beyond it): {"mark"}'s and {"arm"}'s WRs
+TICK_NS = 50_000  # while armed, a WR beyond the window this often
 
 
 def rss_kib() -> int:
@@ -78,7 +83,7 @@ class Stack:
         self.args = args
         self.nic_events: list[tuple[int, int, str]] = []  # (arrived, shiftd saw, state) for our device
         cqe = args.qps * (2 * args.window + 2) + 16
-        cap = QPCap(max_send_wr=args.window + 1, max_recv_wr=args.window + 1)
+        cap = QPCap(max_send_wr=args.window + SPARE, max_recv_wr=args.window + SPARE)
         self.agent: Agent | None = None
         self.settle_by: float | None = None  # when a pending {"settled"} is answered anyway
         self.nic_wait: tuple[str, int, float] | None = None  # a pending {"nic"}: state, since, answer by
@@ -103,7 +108,7 @@ class Stack:
         self.verbs.connect([lane.qp for lane in self.lanes], peer["endpoints"], attr)
         if self.args.mode == "send":
             for lane in self.lanes:
-                for _ in range(self.args.window):
+                for _ in range(self.args.window + SPARE):
                     self.post_recv(lane)
 
     def post_recv(self, lane: Lane) -> None:
@@ -177,6 +182,9 @@ class Sender:
         self.states: list[tuple[int, str]] = []  # (time, state) of QP 0 whenever it changes
         self.errors: list[str] = []
         self.mark: tuple[int, dict[int, int], float] | None = None  # t0, qpn -> first completion, deadline
+        self.ticked: int | None = None  # while armed: when the last WR beyond the window went
+        self.ticks: deque[tuple[Lane, int]] = deque()  # those WRs not yet completed: (lane, seq)
+        self.armed_done: list[tuple[int, int, int]] = []  # while armed, before the mark: (qpn, posted, done)
         self.pings = 0
 
     def post(self, lane: Lane) -> None:
@@ -204,9 +212,29 @@ class Sender:
         completes (so nothing would be posted) until the backup carries traffic, and the first WR posted
         after t0 would wait for that; this one is posted as soon as the mark arrives (the QPs have room)."""
         if self.streaming:
+            steps.note(0, "marked")
             for lane in self.stack.lanes:
                 if lane.posted - lane.done <= self.args.window:
                     self.post(lane)
+
+    def tick(self) -> bool:
+        """Armed: one WR beyond the window on every QP, each TICK_NS, while fewer than SPARE - 1 of them are
+        outstanding (on a healthy path each completes within a round trip, so at a fault a few are, and
+        the next goes within TICK_NS of it; the last spare is {"mark"}'s). Whether any went."""
+        now = time.monotonic_ns()
+        while self.ticks and self.ticks[0][0].done > self.ticks[0][1]:
+            self.ticks.popleft()
+        if (
+            self.ticked is None
+            or now - self.ticked < TICK_NS
+            or len(self.ticks) >= (SPARE - 1) * len(self.stack.lanes)
+        ):
+            return False
+        self.ticked = now
+        for lane in self.stack.lanes:
+            self.ticks.append((lane, lane.posted))
+            self.post(lane)
+        return True
 
     def poll(self, wait: bool = False) -> int:
         wcs = self.stack.poll(wait)
@@ -233,6 +261,8 @@ class Sender:
             self.done_bytes.append(count * self.args.size)
             if self.mark is not None and posted[-1] >= self.mark[0]:
                 self.mark[1].setdefault(lane.qp.qp_num, now)
+            elif self.mark is None and self.ticked is not None:  # t0 is not known here yet
+                self.armed_done.append((lane.qp.qp_num, posted[-1], now))
         state = self.stack.state(self.stack.lanes[0])
         if not self.states or self.states[-1][1] != state:
             self.states.append((now, state))
@@ -254,7 +284,8 @@ class Sender:
                 nic_event=events[0] if events else None,
                 errors=self.errors[:5],
             )
-            self.mark = None
+            self.mark = self.ticked = None
+            self.armed_done.clear()
 
     def burst(self, seconds: float) -> None:
         start_bytes, start = sum(self.done_bytes), time.monotonic()
@@ -282,7 +313,7 @@ class Sender:
 
     def run(self, orders: Orders) -> None:
         while True:
-            posted = self.streaming and self.fill()
+            posted = self.streaming and (self.fill() | self.tick())
             busy = self.poll(wait=not posted and self.streaming) > 0 or posted
             self.check_mark()
             self.stack.answer_pending()
@@ -291,8 +322,17 @@ class Sender:
                 continue
             if "stream" in order:
                 self.streaming = True
+            elif "arm" in order:
+                self.ticked = time.monotonic_ns()
+                self.armed_done.clear()
+                say(armed=True)
             elif "mark" in order:
-                self.mark = (int(order["mark"]), {}, time.monotonic() + ANSWER_WITHIN)
+                t0 = int(order["mark"])
+                firsts: dict[int, int] = {}
+                for qpn, posted, done in self.armed_done:  # completions that came before the mark did
+                    if posted >= t0:
+                        firsts.setdefault(qpn, done)
+                self.mark = (t0, firsts, time.monotonic() + ANSWER_WITHIN)
                 self.post_beyond_window()
             elif "settled" in order or "nic" in order:
                 self.stack.expect(order)
@@ -327,6 +367,7 @@ def run_receiver(stack: Stack, orders: Orders) -> None:
     """Re-post receives and answer pings (send mode); otherwise only wait: the threads do the work."""
     errors: list[str] = []
     received = 0
+    on_backup = False  # a receive has completed since QP 0 last left the default path (--steps notes it)
     while True:
         order = orders.next(0 if stack.args.mode == "send" else 0.05)
         if order is not None and "stop" in order:
@@ -337,6 +378,10 @@ def run_receiver(stack: Stack, orders: Orders) -> None:
         if stack.args.mode != "send":
             continue
         wcs = stack.poll(wait=True)
+        fallback = stack.lanes[0].qp.state is State.FALLBACK if not stack.args.plain else False
+        if wcs and fallback and not on_backup:
+            steps.note(0, "received_on_backup")
+        on_backup = fallback and (on_backup or bool(wcs))
         for wc in wcs:
             if wc.status != e.IBV_WC_SUCCESS:
                 errors.append(f"qp {wc.qp_num} wr {wc.wr_id}: {e.ibv_wc_status(wc.status).name}")

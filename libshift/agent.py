@@ -50,6 +50,8 @@ RECONNECT_MAX = 2.0
 FIRST_REGISTER_WAIT = 10.0  # connect waits this long for a daemon coming back on a held socket
 REPORT_RETRY = 0.1  # a report shiftd did not take is tried again this soon (or after the next register)
 REPORT_FLUSH = 2.0  # close waits this long for the reports still queued
+REPORT_SETTLE = 0.02  # the first report of a burst waits this long: the failover it reports is still
+# finishing (the peer's count, the replay), and the call's serializing would hold the interpreter lock then
 # a report call that ended so is tried again: shiftd is away, or does not know us yet; others refuse it
 REPORT_AGAIN = frozenset(
     {
@@ -422,7 +424,10 @@ class Agent:
     def _send_reports(self) -> None:
         """Send the queued reports in order, each until shiftd answers; a report that shiftd did not take
         (it is away) waits for the next registration and goes again, under its id."""
+        sent = 0.0  # when the last report went
         while (head := self.reports.head()) is not None:
+            if time.monotonic() - sent > REPORT_SETTLE:
+                self._closed.wait(REPORT_SETTLE)  # cut short by close(): what is queued goes at once
             seq, report = head
             if not self._registered.wait(REPORT_RETRY):
                 continue
@@ -447,6 +452,7 @@ class Agent:
                     continue
                 log.warning("shiftd refused a report: %s: %s", exc.code().name, exc.details())
             self.reports.ack(seq)
+            sent = time.monotonic()
 
     def _deliver(self, event: common_pb2.NicEvent) -> None:
         """Straight to the listeners, on the stream's thread: a NIC DOWN is the fastest detection."""

@@ -22,7 +22,8 @@ cdef extern from "fastpath.h" nogil:
     enum:
         SF_PATHS
         SF_MODE_PYTHON, SF_MODE_FAST
-        SF_DEFER_WC, SF_DEFER_OVERFLOW, SF_DEFER_NOTIFY
+        SF_DEFER_WC, SF_DEFER_OVERFLOW, SF_DEFER_NOTIFY, SF_DEFER_NEWS
+        SF_NEWS_MAX
 
     enum sf_post:
         SF_POSTED, SF_POSTED_NEW_RKEY, SF_NOT_FAST, SF_QUEUE_FULL, SF_REFUSED
@@ -31,6 +32,10 @@ cdef extern from "fastpath.h" nogil:
         uint32_t kind, path
         uint64_t cookie
         sc_wc wc
+
+    struct sf_news:
+        uint32_t kind, left, to, reason, moved
+        int64_t at_ns, then_ns
 
     struct sf_entry:
         uint64_t id
@@ -61,6 +66,13 @@ cdef extern from "fastpath.h" nogil:
     int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, uint32_t qpn, sf_deferred *out)
     int sf_ctx_backup_hot(const sf_ctx *ctx)
     void sf_ctx_heat_backups(sf_ctx *ctx)
+    void sf_ctx_lock(sf_ctx *ctx)
+    void sf_ctx_unlock(sf_ctx *ctx)
+    void sf_ctx_links_act(void *ctx)
+    uint32_t *sf_ctx_link_word(sf_ctx *ctx)
+    void sf_ctx_link_down(sf_ctx *ctx, int path)
+    int sf_ctx_link_is_down(const sf_ctx *ctx, int path)
+    void sf_ctx_link_up(sf_ctx *ctx, int path)
 
     sf_cq *sf_cq_new(sf_ctx *ctx, uint32_t cqe, void *const *path_cqs, uint64_t cookie)
     void sf_cq_free(sf_cq *cq)
@@ -73,6 +85,9 @@ cdef extern from "fastpath.h" nogil:
                      uint32_t max_sge, uint32_t max_inline, int sig_all)
     int sf_qp_add_path(sf_qp *qp, int path, void *provider_qp, uint32_t qpn)
     int sf_qp_set_rkey(sf_qp *qp, int path, uint32_t rkey, uint32_t path_rkey)
+    void sf_qp_set_armed(sf_qp *qp, int path, int armed)
+    void sf_qp_set_target(sf_qp *qp, int path, uint64_t addr, uint32_t rkey)
+    int sf_qp_news(sf_qp *qp, sf_news *out, int max)
     void sf_qp_free(sf_qp *qp)
     int sf_qp_mode(const sf_qp *qp)
     uint32_t sf_qp_inline_kept(sf_qp *qp)
@@ -80,7 +95,7 @@ cdef extern from "fastpath.h" nogil:
     sf_post sf_qp_post_recv(sf_qp *qp, const sc_recv_wr *wr, sc_post_error *err)
     sc_post_error sf_qp_post_raw_send(sf_qp *qp, int path, const sc_send_wr *wrs, int n, int *posted)
     sc_post_error sf_qp_post_raw_recv(sf_qp *qp, int path, const sc_recv_wr *wrs, int n, int *posted)
-    void sf_qp_export(sf_qp *qp, sf_ledger_view *out)
+    int sf_qp_export(sf_qp *qp, sf_ledger_view *out)
     int sf_qp_import(sf_qp *qp, const sf_entry *entry)
     void sf_qp_import_done(sf_qp *qp, int path, uint64_t next_id, int64_t sent_two_sided, int64_t received)
     void sf_qp_import_abort(sf_qp *qp)

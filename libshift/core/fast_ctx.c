@@ -6,7 +6,7 @@
 
 #include "fast_internal.h"
 
-static int64_t now_ns(void) {
+int64_t sf_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
@@ -18,9 +18,29 @@ sf_ctx *sf_ctx_new(const struct sc_dp *dp, int paths) {
     sf_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return NULL;
+    pthread_mutexattr_t recursive;
+    pthread_mutexattr_init(&recursive);
+    pthread_mutexattr_settype(&recursive, PTHREAD_MUTEX_RECURSIVE);
+    int failed = pthread_mutex_init(&ctx->lock, &recursive);
+    pthread_mutexattr_destroy(&recursive);
+    if (failed) {
+        free(ctx);
+        return NULL;
+    }
     ctx->dp = dp;
     ctx->paths = paths;
     return ctx;
+}
+
+void sf_ctx_lock(sf_ctx *ctx) { pthread_mutex_lock(&ctx->lock); }
+
+void sf_ctx_unlock(sf_ctx *ctx) { pthread_mutex_unlock(&ctx->lock); }
+
+void sf_ctx_links_act(void *arg) {
+    sf_ctx *ctx = arg;
+    pthread_mutex_lock(&ctx->lock);
+    sf_switch_work(ctx);
+    pthread_mutex_unlock(&ctx->lock);
 }
 
 void sf_ctx_free(sf_ctx *ctx) {
@@ -31,6 +51,7 @@ void sf_ctx_free(sf_ctx *ctx) {
     free(ctx->deferred);
     for (int path = 0; path < SF_PATHS; path++)
         sf_keymap_fini(&ctx->lkeys[path]);
+    pthread_mutex_destroy(&ctx->lock);
     free(ctx);
 }
 
@@ -178,11 +199,10 @@ int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, uint32_t qpn, struct sf_defer
     return 0;
 }
 
-int sf_ctx_backup_hot(const sf_ctx *ctx) { return now_ns() < ctx->backup_hot; }
+int sf_ctx_backup_hot(const sf_ctx *ctx) { return sf_now_ns() < ctx->backup_hot; }
 
 void sf_ctx_heat_backups(sf_ctx *ctx) {
-    ctx->backup_hot = now_ns() + SF_BACKUP_HOT_NS;
-    ctx->backup_next = 0;
+    ctx->backup_hot = sf_now_ns() + SF_BACKUP_HOT_NS;
 }
 
 /* -- progress ----------------------------------------------------------------------------------------------- */
@@ -190,6 +210,8 @@ void sf_ctx_heat_backups(sf_ctx *ctx) {
 /* Every completion of one provider CQ to its QP, driving its transport (a poll) or taking only what its
  * progress thread has made (a peek); 1 if any came, -1 if the CQ overflowed. */
 static int drain(sf_ctx *ctx, void *provider_cq, int path, int drive) {
+    /* a switch made during the pass drains the path it leaves: its completions come here again, never a
+     * switch inside another one (sf_qp_complete only queues work) */
     struct sc_wc wcs[SF_POLL_BATCH];
     int got = 0, n;
     if (!provider_cq)
@@ -208,17 +230,40 @@ static int drain(sf_ctx *ctx, void *provider_cq, int path, int drive) {
     return got;
 }
 
+int sf_ctx_drain_cq(sf_ctx *ctx, void *provider_cq, int path) { return drain(ctx, provider_cq, path, 1); }
+
 int sf_ctx_drain(sf_ctx *ctx, sf_cq *cq, int path) {
     if (path < 0 || path >= ctx->paths)
         return 0;
-    return drain(ctx, cq ? cq->on[path] : ctx->control[path], path, 1);
+    int got = drain(ctx, cq ? cq->on[path] : ctx->control[path], path, 1);
+    sf_switch_work(ctx); /* a peer's count taken here must not wait for the next pass */
+    return got;
+}
+
+uint32_t *sf_ctx_link_word(sf_ctx *ctx) { return &ctx->links_down; }
+
+void sf_ctx_link_down(sf_ctx *ctx, int path) {
+    if (path >= 0 && path < ctx->paths)
+        __atomic_fetch_or(&ctx->links_down, 1u << path, __ATOMIC_RELEASE);
+}
+
+int sf_ctx_link_is_down(const sf_ctx *ctx, int path) {
+    return path >= 0 && path < ctx->paths && (__atomic_load_n(&ctx->links_down, __ATOMIC_ACQUIRE) >> path & 1);
+}
+
+void sf_ctx_link_up(sf_ctx *ctx, int path) {
+    if (path < 0 || path >= ctx->paths)
+        return;
+    __atomic_fetch_and(&ctx->links_down, ~(1u << path), __ATOMIC_RELEASE);
+    ctx->links_acted &= ~(1u << path);
 }
 
 int sf_ctx_progress(sf_ctx *ctx, int everything) {
-    int64_t now = now_ns();
-    /* the backup paths: driven while hot or on their schedule, else only what their progress threads
-     * have made (a peer's count, an error) is taken, which costs a lock and parks no thread */
-    int backup = ctx->paths > 1 && (everything || now >= ctx->backup_next);
+    int64_t now = sf_now_ns();
+    /* the backup paths: driven while hot, else only what their progress threads have made (a peer's
+     * count, an error) is taken, which costs a lock and parks no thread; a drive would park the thread
+     * that makes a peer's count the moment it comes, for SC_DRIVE_GRACE_NS */
+    int backup = ctx->paths > 1 && (everything || now < ctx->backup_hot);
     int moved = 0, overflow = 0, got;
     for (uint32_t i = 0; i < ctx->ncqs; i++) {
         sf_cq *cq = ctx->cqs[i];
@@ -236,7 +281,6 @@ int sf_ctx_progress(sf_ctx *ctx, int everything) {
     }
     if (moved)
         ctx->backup_hot = now + SF_BACKUP_HOT_NS;
-    if (backup)
-        ctx->backup_next = now + (now < ctx->backup_hot ? 0 : SF_BACKUP_PERIOD_NS);
+    sf_switch_work(ctx);
     return overflow ? -1 : 0;
 }

@@ -2,6 +2,8 @@
 #ifndef SHIFT_CORE_FAST_INTERNAL_H
 #define SHIFT_CORE_FAST_INTERNAL_H
 
+#include <pthread.h>
+
 #include "fastpath.h"
 
 #define SF_SEEN_RKEYS 16 /* rkeys a QP remembers having used (their backups have been asked for) */
@@ -37,6 +39,16 @@ struct sf_cq {
     uint64_t cookie;
 };
 
+/* Where a fast-mode QP is in a switch (fast_switch.c). */
+enum sf_phase {
+    SF_STEADY = 0,    /* posting on its path */
+    SF_STOPPING = 1,  /* its path stopped and drained (inside one call): what completes there still counts */
+    SF_HANDSHAKE = 2, /* on the new path, our count sent: sends held until the peer's count comes */
+};
+
+#define SF_WANT_LEAVE 1u /* the path's link was seen down */
+#define SF_WANT_COUNT 2u /* a peer's count came (`counted`) */
+
 struct sf_qp {
     sf_ctx *ctx;
     sf_cq *send_cq, *recv_cq;
@@ -51,6 +63,18 @@ struct sf_qp {
     int64_t sent_two_sided, received;
     uint32_t seen_rkeys[SF_SEEN_RKEYS];
     uint32_t seen, seen_next;
+    /* the switch (fast_switch.c) */
+    int phase;
+    uint32_t armed;                 /* a bit per path: where a switch may go */
+    uint64_t target_addr[SF_PATHS]; /* the peer's control MR on each path */
+    uint32_t target_rkey[SF_PATHS];
+    uint32_t counted;               /* a bit per path: the peer's count came there, not yet acted on */
+    uint32_t peer_count[SF_PATHS];
+    uint32_t wants;                 /* SF_WANT_*: why it is on the context's work list */
+    sf_qp *next_work;
+    int queued;
+    struct sf_news news[SF_NEWS_MAX];
+    uint32_t news_count;
 };
 
 struct sf_qp_slot {
@@ -59,6 +83,7 @@ struct sf_qp_slot {
 };
 
 struct sf_ctx {
+    pthread_mutex_t lock; /* recursive: see fastpath.h */
     const struct sc_dp *dp;
     int paths;
     void *control[SF_PATHS];
@@ -69,7 +94,10 @@ struct sf_ctx {
     uint32_t table_cap, table_used;
     struct sf_deferred *deferred; /* a ring */
     uint32_t deferred_cap, deferred_head, deferred_count;
-    int64_t backup_next, backup_hot;
+    int64_t backup_hot;
+    uint32_t links_down;  /* a bit per path, raised by any thread (atomically): its link was seen down */
+    uint32_t links_acted; /* the bits of links_down a pass has acted on */
+    sf_qp *work, *work_tail; /* QPs with a switch or a resume to make, in the order they asked */
 };
 
 int sf_queue_init(struct sf_queue *q, uint32_t cap, uint32_t max_sge, uint32_t max_inline);
@@ -90,7 +118,28 @@ int sf_ctx_defer(sf_ctx *ctx, const struct sf_deferred *item);
 int sf_ctx_add_cq(sf_ctx *ctx, sf_cq *cq);
 void sf_ctx_remove_cq(sf_ctx *ctx, sf_cq *cq);
 
+int sf_ctx_drain_cq(sf_ctx *ctx, void *provider_cq, int path);
+int64_t sf_now_ns(void);
+
 /* fast_qp.c */
 void sf_qp_complete(sf_qp *qp, int path, const struct sc_wc *wc);
+void sf_qp_release(sf_qp *qp);
+void sf_qp_to_python(sf_qp *qp, int path, const struct sc_wc *wc);
+const struct sc_sge *sf_qp_on_path(sf_qp *qp, const struct sc_sge *sg, uint32_t n, struct sc_sge *room);
+int sf_two_sided(uint32_t opcode);
+int sf_remote_keyed(uint32_t opcode);
+
+/* fast_switch.c */
+/* A control WR's completion (wr_id >= SF_CONTROL_IDS) of a fast-mode QP: 1 when taken here, else 0 (it is
+ * the failover layer's). */
+int sf_switch_control(sf_qp *qp, int path, const struct sc_wc *wc);
+/* Queue the QP on its context's work list for `why` (SF_WANT_*). */
+void sf_switch_want(sf_qp *qp, uint32_t why);
+/* Make the switches and resumes the work list asks for (each may queue more), and act on links seen down. */
+void sf_switch_work(sf_ctx *ctx);
+/* Take the QP off the work list (it is freed). */
+void sf_switch_forget(sf_qp *qp);
+/* The peer's counts not acted on, handed to the failover layer (the ledger goes to it). */
+void sf_switch_export(sf_qp *qp);
 
 #endif

@@ -7,11 +7,9 @@
 #include "fast_internal.h"
 #include "internal.h" /* ibverbs' numbers */
 
-static int two_sided(uint32_t opcode) {
-    return opcode == WR_SEND || opcode == WR_SEND_IMM || opcode == WR_RDMA_WRITE_IMM;
-}
+int sf_two_sided(uint32_t opcode) { return opcode == WR_SEND || opcode == WR_SEND_IMM || opcode == WR_RDMA_WRITE_IMM; }
 
-static int remote_keyed(uint32_t opcode) { return opcode != WR_SEND && opcode != WR_SEND_IMM; }
+int sf_remote_keyed(uint32_t opcode) { return opcode != WR_SEND && opcode != WR_SEND_IMM; }
 
 sf_qp *sf_qp_new(sf_ctx *ctx, sf_cq *send_cq, sf_cq *recv_cq, uint32_t max_send_wr, uint32_t max_recv_wr,
                  uint32_t max_sge, uint32_t max_inline, int sig_all) {
@@ -43,6 +41,7 @@ int sf_qp_add_path(sf_qp *qp, int path, void *provider_qp, uint32_t qpn) {
 void sf_qp_free(sf_qp *qp) {
     if (!qp)
         return;
+    sf_switch_forget(qp);
     for (int path = 0; path < SF_PATHS; path++)
         if (qp->on[path])
             sf_ctx_unregister(qp->ctx, path, qp->qpn[path]);
@@ -99,23 +98,26 @@ static void keep_inline(struct sf_queue *q, struct sf_entry *e) {
 }
 
 /* The SGEs of a WR going out on the QP's path: as they are on the default path, else with the path's lkeys
- * (an lkey without a twin goes out as it is, and the provider judges it, as without shift). */
-static const struct sc_sge *on_path(sf_qp *qp, const struct sc_sge *sg, uint32_t n) {
+ * (an lkey without a twin goes out as it is, and the provider judges it, as without shift), in `room`. */
+const struct sc_sge *sf_qp_on_path(sf_qp *qp, const struct sc_sge *sg, uint32_t n, struct sc_sge *room) {
     if (qp->path == 0)
         return sg;
     for (uint32_t i = 0; i < n; i++) {
-        qp->translated[i] = sg[i];
-        sf_keymap_get(&qp->ctx->lkeys[qp->path], sg[i].lkey, &qp->translated[i].lkey);
+        room[i] = sg[i];
+        sf_keymap_get(&qp->ctx->lkeys[qp->path], sg[i].lkey, &room[i].lkey);
     }
-    return qp->translated;
+    return room;
 }
 
 enum sf_post sf_qp_post_send(sf_qp *qp, const struct sc_send_wr *wr, enum sc_post_error *err) {
     if (qp->mode != SF_MODE_FAST)
         return SF_NOT_FAST;
     uint32_t rkey = wr->rkey;
-    if (qp->path != 0 && remote_keyed(wr->opcode) && !sf_keymap_get(&qp->rkeys[qp->path], wr->rkey, &rkey))
+    if (qp->path != 0 && sf_remote_keyed(wr->opcode) && !sf_keymap_get(&qp->rkeys[qp->path], wr->rkey, &rkey))
         return SF_NOT_FAST; /* the failover layer looks the peer's key up */
+    int held = qp->phase == SF_HANDSHAKE; /* posted with the replay, once the peer's count is in */
+    if (held && (wr->send_flags & SEND_INLINE))
+        return SF_NOT_FAST; /* its bytes would need a registered copy on the path: the failover layer's pool */
     struct sf_entry *e = sf_queue_reserve(&qp->sq);
     if (!e)
         return SF_QUEUE_FULL;
@@ -123,19 +125,22 @@ enum sf_post sf_qp_post_send(sf_qp *qp, const struct sc_send_wr *wr, enum sc_pos
         *err = SC_POST_SGES;
         return SF_REFUSED;
     }
-    struct sc_send_wr provider = e->wr;
-    provider.wr_id = qp->next_id;
-    provider.send_flags |= SEND_SIGNALED; /* every WR's fate must be known here */
-    provider.rkey = rkey;
-    provider.sg = on_path(qp, e->wr.sg, e->wr.num_sge);
-    int posted = 0;
-    *err = qp->ctx->dp->post_send(qp->on[qp->path], &provider, 1, &posted);
-    if (*err != SC_POST_OK)
-        return SF_REFUSED;
+    if (!held) {
+        struct sc_send_wr provider = e->wr;
+        provider.wr_id = qp->next_id;
+        provider.send_flags |= SEND_SIGNALED; /* every WR's fate must be known here */
+        provider.rkey = rkey;
+        provider.sg = sf_qp_on_path(qp, e->wr.sg, e->wr.num_sge, qp->translated);
+        int posted = 0;
+        *err = qp->ctx->dp->post_send(qp->on[qp->path], &provider, 1, &posted);
+        if (*err != SC_POST_OK)
+            return SF_REFUSED;
+    }
     e->id = qp->next_id++;
-    e->is_send = e->posted = 1;
+    e->is_send = 1;
+    e->posted = !held;
     e->signaled = qp->sig_all || (wr->send_flags & SEND_SIGNALED);
-    if (two_sided(wr->opcode))
+    if (sf_two_sided(wr->opcode))
         e->index = qp->sent_two_sided++;
     if (wr->send_flags & SEND_INLINE)
         keep_inline(&qp->sq, e);
@@ -144,7 +149,7 @@ enum sf_post sf_qp_post_send(sf_qp *qp, const struct sc_send_wr *wr, enum sc_pos
         sf_ctx_heat_backups(qp->ctx); /* its completion comes there: every pass reads the backups meanwhile */
         return SF_POSTED;
     }
-    return remote_keyed(wr->opcode) && !seen_rkey(qp, wr->rkey) ? SF_POSTED_NEW_RKEY : SF_POSTED;
+    return sf_remote_keyed(wr->opcode) && !seen_rkey(qp, wr->rkey) ? SF_POSTED_NEW_RKEY : SF_POSTED;
 }
 
 enum sf_post sf_qp_post_recv(sf_qp *qp, const struct sc_recv_wr *wr, enum sc_post_error *err) {
@@ -159,7 +164,7 @@ enum sf_post sf_qp_post_recv(sf_qp *qp, const struct sc_recv_wr *wr, enum sc_pos
         return SF_REFUSED;
     }
     struct sc_recv_wr provider = {.wr_id = qp->next_id, .num_sge = wr->num_sge,
-                                  .sg = on_path(qp, e->wr.sg, e->wr.num_sge)};
+                                  .sg = sf_qp_on_path(qp, e->wr.sg, e->wr.num_sge, qp->translated)};
     int posted = 0;
     *err = qp->ctx->dp->post_recv(qp->on[qp->path], &provider, 1, &posted);
     if (*err != SC_POST_OK)
@@ -186,7 +191,9 @@ enum sc_post_error sf_qp_post_raw_recv(sf_qp *qp, int path, const struct sc_recv
 
 /* -- completions -------------------------------------------------------------------------------------------- */
 
-static void defer_wc(sf_qp *qp, int path, const struct sc_wc *wc) {
+/* Something for the failover layer: the ledger goes to it, and the completion waits for it, in order. */
+void sf_qp_to_python(sf_qp *qp, int path, const struct sc_wc *wc) {
+    qp->mode = SF_MODE_PYTHON;
     struct sf_deferred item = {.kind = SF_DEFER_WC, .path = (uint32_t)path, .wc = *wc};
     sf_ctx_defer(qp->ctx, &item);
 }
@@ -201,7 +208,7 @@ static void push(sf_qp *qp, sf_cq *cq, const struct sc_wc *wc, int *overflowed) 
 }
 
 /* Hand the application every completion at the heads of the queues, in posting order. */
-static void release(sf_qp *qp) {
+void sf_qp_release(sf_qp *qp) {
     int overflowed = 0;
     struct sf_entry *e;
     while ((e = sf_queue_pop_done(&qp->sq)))
@@ -216,12 +223,36 @@ static void release(sf_qp *qp) {
     }
 }
 
-void sf_qp_complete(sf_qp *qp, int path, const struct sc_wc *wc) {
-    if (qp->mode != SF_MODE_FAST || path != qp->path || wc->status || wc->wr_id >= SF_CONTROL_IDS) {
-        qp->mode = SF_MODE_PYTHON; /* something for the failover layer: the ledger goes to it */
-        defer_wc(qp, path, wc);
+/* An error completion of an application WR: on a path being stopped or left the WR is still outstanding
+ * (the switch settles or replays it), on the path in use it is the failover layer's to judge. */
+static void failed(sf_qp *qp, int path, const struct sc_wc *wc) {
+    if (path == qp->path && qp->phase != SF_STOPPING) {
+        sf_qp_to_python(qp, path, wc);
         return;
     }
+    struct sf_entry *e = sf_queue_find(wc->opcode & WCO_RECV ? &qp->rq : &qp->sq, wc->wr_id);
+    if (!e) /* ibverbs leaves an error's opcode undefined: look in both queues */
+        e = sf_queue_find(wc->opcode & WCO_RECV ? &qp->sq : &qp->rq, wc->wr_id);
+    if (e && !e->done && !e->failed_with)
+        e->failed_with = wc->status;
+}
+
+void sf_qp_complete(sf_qp *qp, int path, const struct sc_wc *wc) {
+    if (qp->mode != SF_MODE_FAST) {
+        sf_qp_to_python(qp, path, wc);
+        return;
+    }
+    if (wc->wr_id >= SF_CONTROL_IDS) {
+        if (!sf_switch_control(qp, path, wc))
+            sf_qp_to_python(qp, path, wc);
+        return;
+    }
+    if (wc->status) {
+        failed(qp, path, wc);
+        return;
+    }
+    if (path != qp->path)
+        return; /* a path left: what completed there after it was drained is settled by the counts */
     int is_recv = (wc->opcode & WCO_RECV) != 0;
     struct sf_entry *e = sf_queue_find(is_recv ? &qp->rq : &qp->sq, wc->wr_id);
     if (!e || e->done)
@@ -232,12 +263,14 @@ void sf_qp_complete(sf_qp *qp, int path, const struct sc_wc *wc) {
     e->wc.qp_num = qp->qpn[0];
     if (is_recv)
         qp->received++;
-    release(qp);
+    sf_qp_release(qp);
 }
 
 /* -- hand-over ---------------------------------------------------------------------------------------------- */
 
-void sf_qp_export(sf_qp *qp, struct sf_ledger_view *out) {
+int sf_qp_export(sf_qp *qp, struct sf_ledger_view *out) {
+    if (qp->news_count)
+        return 1;
     out->sq_count = sf_queue_export(&qp->sq);
     out->rq_count = sf_queue_export(&qp->rq);
     out->sq = qp->sq.scratch;
@@ -246,6 +279,8 @@ void sf_qp_export(sf_qp *qp, struct sf_ledger_view *out) {
     out->sent_two_sided = qp->sent_two_sided;
     out->received = qp->received;
     qp->mode = SF_MODE_PYTHON;
+    sf_switch_export(qp); /* a switch under way here is the failover layer's to finish now */
+    return 0;
 }
 
 int sf_qp_import(sf_qp *qp, const struct sf_entry *entry) {
@@ -260,6 +295,7 @@ void sf_qp_import_done(sf_qp *qp, int path, uint64_t next_id, int64_t sent_two_s
     qp->sent_two_sided = sent_two_sided;
     qp->received = received;
     qp->mode = SF_MODE_FAST;
+    qp->phase = SF_STEADY; /* handed back only in the steady state, whatever a switch here had begun */
 }
 
 void sf_qp_import_abort(sf_qp *qp) {

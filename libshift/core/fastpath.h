@@ -1,6 +1,7 @@
-/* The steady state of a shift QP in C (issue 18's item 3, its first step): posting on the path in use,
- * taking its completions and releasing them to the application's CQ in posting order, behind one call
- * each, over either backend's data path (datapath.h).
+/* The steady state of a shift QP in C (issue 18's item 3): posting on the path in use, taking its
+ * completions and releasing them to the application's CQ in posting order, behind one call each, over
+ * either backend's data path (datapath.h); and the failover of a QP in that state (fast_switch.c), when
+ * its path's link is seen down or the peer's count comes on a backup path.
  *
  * A shift QP's ledger (every application WR until its completion is handed over) is owned either here
  * (the fast mode: connected, on the default path or settled on a backup after a failover, nothing
@@ -10,8 +11,10 @@
  * completion, one from another path, a full application CQ) gives the ledger up at once and leaves the
  * completion, in order, in the context's deferred queue for Python. An armed CQ's event goes there too.
  *
- * Every call is made with the interpreter lock held (the Cython face never releases it around these):
- * that lock is what serializes them, so nothing here locks. The backends' objects are passed as void *.
+ * One mutex per context serializes the calls: the Cython face takes it around each (sf_ctx_lock), with
+ * no Python run while it is held, and the link watch's thread takes it to fail QPs over the moment it
+ * reads a link's failure (sf_ctx_links_act), without the interpreter lock. Nothing here takes it itself,
+ * so a caller on one thread (the unit tests) needs none. The backends' objects are passed as void *.
  */
 #ifndef SHIFT_CORE_FASTPATH_H
 #define SHIFT_CORE_FASTPATH_H
@@ -23,8 +26,7 @@
 #define SF_PATHS 8                    /* the default path and up to seven backups (libshift.shift.paths) */
 #define SF_CONTROL_IDS (1ull << 62)   /* wr_ids at or above this are the failover layer's control WRs */
 #define SF_POLL_BATCH 32
-#define SF_BACKUP_PERIOD_NS 1000000   /* a pass looks at the backup paths this often while they are idle */
-#define SF_BACKUP_HOT_NS 50000000     /* ... and on every pass for this long after they last moved */
+#define SF_BACKUP_HOT_NS 50000000     /* a pass drives the backup paths for this long after they last moved */
 
 typedef struct sf_ctx sf_ctx;
 typedef struct sf_cq sf_cq;
@@ -37,7 +39,24 @@ enum sf_deferred_kind {
     SF_DEFER_WC = 0,       /* a provider completion of `path` for the failover layer */
     SF_DEFER_OVERFLOW = 1, /* the QP (wc.qp_num, its default QPN) overflowed its CQ: it must fail */
     SF_DEFER_NOTIFY = 2,   /* the armed CQ `cookie` got a completion: tell its channel */
+    SF_DEFER_NEWS = 3,     /* the QP (wc.qp_num, its default QPN) switched or resumed here: sf_qp_news */
 };
+
+/* What a switch made here tells the failover layer (sf_qp_news), so that its view of the QP follows. */
+enum sf_news_kind {
+    SF_NEWS_SWITCHED = 1, /* left `left` for `to`, `moved` receives moved, our count sent: awaiting the peer's */
+    SF_NEWS_RESUMED = 2,  /* the peer's count came: `moved` sends posted before went again on `to` */
+};
+enum sf_reason {
+    SF_REASON_NIC_EVENT = 1, /* the path's link was seen down (the link watch, or shiftd's word) */
+    SF_REASON_PEER = 2,      /* the peer's count came on another path */
+};
+struct sf_news {
+    uint32_t kind, left, to, reason, moved;
+    int64_t at_ns, then_ns; /* SWITCHED: when it began, when the count was sent; RESUMED: when the peer's
+                               count was taken, when the replay was posted (CLOCK_MONOTONIC) */
+};
+#define SF_NEWS_MAX 8 /* news a QP keeps until the failover layer reads it; past it, switches are left to it */
 
 struct sf_deferred {
     uint32_t kind, path;
@@ -76,8 +95,8 @@ int sf_ctx_set_lkey(sf_ctx *ctx, int path, uint32_t lkey, uint32_t path_lkey);
 void sf_ctx_drop_lkey(sf_ctx *ctx, int path, uint32_t lkey);
 /* 1 with *path_lkey when the map has lkey, else 0. */
 int sf_ctx_lkey(const sf_ctx *ctx, int path, uint32_t lkey, uint32_t *path_lkey);
-/* Take completions out of every provider CQ and hand each on; the backup paths on their schedule unless
- * `everything`. -1 if a provider CQ overflowed, else 0. */
+/* Take completions out of every provider CQ and hand each on, driving the default path's transport, and
+ * the backup paths' while they are hot or when `everything`. -1 if a provider CQ overflowed, else 0. */
 int sf_ctx_progress(sf_ctx *ctx, int everything);
 /* Drain one path of one CQ (cq NULL: that path's control CQ). */
 int sf_ctx_drain(sf_ctx *ctx, sf_cq *cq, int path);
@@ -90,10 +109,24 @@ int sf_ctx_has_deferred(const sf_ctx *ctx);
  * pass). Another QP's error there is not its business: handed over inside the switch, it would start that
  * QP's switch inside this one, and with a thousand QPs on one CQ the switches nested a thousand deep. */
 int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, uint32_t qpn, struct sf_deferred *out);
+/* The word whose bit `path` says the path's link was seen down: the link watch raises a bit from its own
+ * thread, atomically (linkwatch.h), and the next pass of progress moves the fast-mode QPs off that path. */
+uint32_t *sf_ctx_link_word(sf_ctx *ctx);
+/* The context's mutex (recursive), around every other call but those on the link word. */
+void sf_ctx_lock(sf_ctx *ctx);
+void sf_ctx_unlock(sf_ctx *ctx);
+/* Act on the links seen down at once, on the caller's thread (the link watch's: sc_link_mark's `act`):
+ * takes the mutex, moves the fast-mode QPs off them (fast_switch.c). `ctx` is an sf_ctx. */
+void sf_ctx_links_act(void *ctx);
+/* The same, from the interpreter's thread (shiftd's word); and whether the bit is up. */
+void sf_ctx_link_down(sf_ctx *ctx, int path);
+int sf_ctx_link_is_down(const sf_ctx *ctx, int path);
+/* The link of `path` carries traffic again (shiftd's UP, after its flap damping). */
+void sf_ctx_link_up(sf_ctx *ctx, int path);
 /* Whether a backup path carried traffic within SF_BACKUP_HOT_NS. */
 int sf_ctx_backup_hot(const sf_ctx *ctx);
-/* Read the backup paths on every pass for SF_BACKUP_HOT_NS from now, as if they had carried traffic: a
- * switch is under way, and the peer's count comes there (on the idle schedule it waited up to a period). */
+/* Drive the backup paths on every pass for SF_BACKUP_HOT_NS from now, as if they had carried traffic: a
+ * switch is under way, and the peer's count and the replay's acks come there. */
 void sf_ctx_heat_backups(sf_ctx *ctx);
 
 /* A CQ of cqe entries over one provider CQ per path; cookie names it in SF_DEFER_NOTIFY. */
@@ -115,6 +148,12 @@ int sf_qp_add_path(sf_qp *qp, int path, void *provider_qp, uint32_t qpn);
 /* The peer's default rkey `rkey` is `path_rkey` on its side of backup `path`. A fast-mode post on a backup
  * path whose rkey the map lacks is SF_NOT_FAST: the failover layer looks the key up. 0, or -1. */
 int sf_qp_set_rkey(sf_qp *qp, int path, uint32_t rkey, uint32_t path_rkey);
+/* Whether `path` is armed (connected, our control receive at the head of its queue): where a switch may go. */
+void sf_qp_set_armed(sf_qp *qp, int path, int armed);
+/* The peer's control MR on `path`, where our count goes (an RDMA_WRITE_WITH_IMM). */
+void sf_qp_set_target(sf_qp *qp, int path, uint64_t addr, uint32_t rkey);
+/* The news of switches made here since the last call, oldest first (at most max): how many. */
+int sf_qp_news(sf_qp *qp, struct sf_news *out, int max);
 void sf_qp_free(sf_qp *qp);
 int sf_qp_mode(const sf_qp *qp);
 /* Sends whose inline bytes the ledger keeps here (for a replay). */
@@ -126,14 +165,16 @@ enum sc_post_error sf_qp_post_raw_send(sf_qp *qp, int path, const struct sc_send
 enum sc_post_error sf_qp_post_raw_recv(sf_qp *qp, int path, const struct sc_recv_wr *wrs, int n, int *posted);
 
 /* Hand-over. Export: the ledger's entries, send queue first, each in posting order (valid until the next
- * call on this QP), and the counters; the QP is Python's from then on. */
+ * call on this QP), and the counters; the QP is Python's from then on: 0. Or 1, nothing exported, while
+ * the QP has news not yet read (a switch made here since the failover layer last looked: it reads them
+ * first, so that the ledger comes in the states it is in). */
 struct sf_ledger_view {
     const struct sf_entry *sq, *rq; /* each a copy, in order */
     uint32_t sq_count, rq_count;
     uint64_t next_id;
     int64_t sent_two_sided, received;
 };
-void sf_qp_export(sf_qp *qp, struct sf_ledger_view *out);
+int sf_qp_export(sf_qp *qp, struct sf_ledger_view *out);
 /* Import, entry by entry in posting order, then sf_qp_import_done with the counters and the path in use
  * (where the entries not done are posted): fast from then on.
  * 0, or -1 when an entry does not fit (more SGEs or inline bytes than the caps): the QP stays Python's. */

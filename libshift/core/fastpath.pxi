@@ -1,15 +1,18 @@
 # The Cython face of the fast path of shift QPs (fastpath.h), included by _core.pyx and _verbs.pyx after
 # their CQ and QP classes, with DATAPATH (the backend's data-path table) in scope; it needs `c` (cshift),
-# `f` (cfast), wc_of, SendWRs, RecvWRs and sge_array (face.pxi). Every call keeps the interpreter lock,
-# which is what serializes the fast path (fastpath.h). A closed object does nothing.
+# `f` (cfast), wc_of, SendWRs, RecvWRs and sge_array (face.pxi). Each C call is made holding the context's
+# mutex (fastpath.h: the link watch's thread may fail QPs over at the same time), and no Python runs while
+# it is held: a thread waiting for it holds the interpreter lock. A closed object does nothing.
 
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uintptr_t
 
 from libshift.vocabulary.errors import CQOverflowError
 from libshift.vocabulary.wr import SGE, WC
 
 FAST_POSTED, FAST_NEW_RKEY, FAST_NOT_FAST, FAST_QUEUE_FULL, FAST_REFUSED = range(5)
-DEFER_WC, DEFER_OVERFLOW, DEFER_NOTIFY = range(3)
+DEFER_WC, DEFER_OVERFLOW, DEFER_NOTIFY, DEFER_NEWS = range(4)
+NEWS_SWITCHED, NEWS_RESUMED = 1, 2
+REASON_NIC_EVENT, REASON_PEER = 1, 2
 DEF FAST_BATCH = 64
 
 
@@ -38,7 +41,9 @@ cdef class FastContext:
 
     def set_control(self, int path, CQ cq):
         """The control CQ of backup `path`: every completion on it is the failover layer's."""
+        f.sf_ctx_lock(self.ptr)
         f.sf_ctx_set_control(self.ptr, path, <void *>cq.ptr)
+        f.sf_ctx_unlock(self.ptr)
         self.controls.append(cq)
 
     def lkeys(self, int path):
@@ -47,11 +52,16 @@ cdef class FastContext:
 
     def progress(self, bint everything=False):
         """Take the provider CQs' completions (the backup paths' on their schedule unless `everything`)."""
+        cdef int overflowed, deferred
         if self.ptr is NULL or self.closing:
             return
-        if f.sf_ctx_progress(self.ptr, everything) < 0:
+        f.sf_ctx_lock(self.ptr)
+        overflowed = f.sf_ctx_progress(self.ptr, everything) < 0
+        deferred = f.sf_ctx_has_deferred(self.ptr)
+        f.sf_ctx_unlock(self.ptr)
+        if overflowed:
             raise CQOverflowError("CQ overflow: a provider CQ behind a ShiftCQ overflowed")
-        if f.sf_ctx_has_deferred(self.ptr):
+        if deferred:
             self.hand_over()
 
     def drain(self, FastCQ cq, int path, uint32_t qpn):
@@ -61,30 +71,76 @@ cdef class FastContext:
         and other QPs wait for the hand-over under way (a peer's count taken in the same pass must not
         meet the switch half-done, nor another QP's error start its switch inside this one)."""
         cdef f.sf_deferred item
+        cdef int overflowed
         if self.ptr is NULL:
             return
-        if f.sf_ctx_drain(self.ptr, NULL if cq is None else cq.ptr, path) < 0:
+        f.sf_ctx_lock(self.ptr)
+        overflowed = f.sf_ctx_drain(self.ptr, NULL if cq is None else cq.ptr, path) < 0
+        f.sf_ctx_unlock(self.ptr)
+        if overflowed:
             raise CQOverflowError("CQ overflow: a provider CQ behind a ShiftCQ overflowed")
         with self.lock:
-            while self.ptr is not NULL and f.sf_ctx_next_deferred_on(self.ptr, path, qpn, &item):
+            while self.next_deferred_on(path, qpn, &item):
                 self.handler(item.kind, item.path, item.cookie, wc_of(&item.wc))
 
     def hand_over(self):
         """Hand every deferred item to the handler, oldest first."""
         cdef f.sf_deferred item
         with self.lock:
-            while self.ptr is not NULL and f.sf_ctx_next_deferred(self.ptr, &item):
+            while self.next_deferred(&item):
                 self.handler(item.kind, item.path, item.cookie, wc_of(&item.wc))
+
+    cdef bint next_deferred(self, f.sf_deferred *item):
+        cdef bint got
+        if self.ptr is NULL:
+            return False
+        f.sf_ctx_lock(self.ptr)
+        got = f.sf_ctx_next_deferred(self.ptr, item)
+        f.sf_ctx_unlock(self.ptr)
+        return got
+
+    cdef bint next_deferred_on(self, int path, uint32_t qpn, f.sf_deferred *item):
+        cdef bint got
+        if self.ptr is NULL:
+            return False
+        f.sf_ctx_lock(self.ptr)
+        got = f.sf_ctx_next_deferred_on(self.ptr, path, qpn, item)
+        f.sf_ctx_unlock(self.ptr)
+        return got
 
     @property
     def backup_hot(self):
         """Whether a backup path carried traffic lately (a pass reads it every time meanwhile)."""
-        return self.ptr is not NULL and f.sf_ctx_backup_hot(self.ptr)
+        return self.ptr is not NULL and f.sf_ctx_backup_hot(self.ptr)  # a word read: no mutex
 
     def heat_backups(self):
         """Read the backup paths on every pass for a while: a switch waits for the peer's count there."""
         if self.ptr is not NULL:
+            f.sf_ctx_lock(self.ptr)
             f.sf_ctx_heat_backups(self.ptr)
+            f.sf_ctx_unlock(self.ptr)
+
+    def link_mark(self, int path):
+        """What link_next raises, from the link watch's thread, when the link of `path` is seen down: the
+        bit `path` of the context's link word, and the switch of the QPs on it (sf_ctx_links_act); valid
+        until close()."""
+        if self.ptr is NULL:
+            return None
+        return (<uintptr_t>f.sf_ctx_link_word(self.ptr), path, <uintptr_t>&f.sf_ctx_links_act,
+                <uintptr_t>self.ptr)
+
+    def link_down(self, int path):
+        """The link of `path` was seen down: the next pass moves the fast-mode QPs off it."""
+        if self.ptr is not NULL:
+            f.sf_ctx_link_down(self.ptr, path)
+
+    def link_is_down(self, int path):
+        return self.ptr is not NULL and f.sf_ctx_link_is_down(self.ptr, path) == 1
+
+    def link_up(self, int path):
+        """The link of `path` carries traffic again (shiftd's UP)."""
+        if self.ptr is not NULL:
+            f.sf_ctx_link_up(self.ptr, path)
 
     cdef void adopt(self):
         self.children += 1
@@ -113,23 +169,38 @@ cdef class LkeyMap:
         self.ctx, self.path = ctx, path
 
     def __setitem__(self, uint32_t lkey, uint32_t path_lkey):
-        if self.ctx.ptr is NULL or f.sf_ctx_set_lkey(self.ctx.ptr, self.path, lkey, path_lkey):
+        cdef int failed
+        if self.ctx.ptr is NULL:
+            raise MemoryError()
+        f.sf_ctx_lock(self.ctx.ptr)
+        failed = f.sf_ctx_set_lkey(self.ctx.ptr, self.path, lkey, path_lkey)
+        f.sf_ctx_unlock(self.ctx.ptr)
+        if failed:
             raise MemoryError()
 
     def __contains__(self, uint32_t lkey):
         cdef uint32_t found
-        return self.ctx.ptr is not NULL and f.sf_ctx_lkey(self.ctx.ptr, self.path, lkey, &found) == 1
+        return self.lookup(lkey, &found)
 
     def get(self, uint32_t lkey, default=None):
         cdef uint32_t found
-        if self.ctx.ptr is not NULL and f.sf_ctx_lkey(self.ctx.ptr, self.path, lkey, &found):
-            return found
-        return default
+        return found if self.lookup(lkey, &found) else default
+
+    cdef bint lookup(self, uint32_t lkey, uint32_t *found):
+        cdef bint got
+        if self.ctx.ptr is NULL:
+            return False
+        f.sf_ctx_lock(self.ctx.ptr)
+        got = f.sf_ctx_lkey(self.ctx.ptr, self.path, lkey, found) == 1
+        f.sf_ctx_unlock(self.ctx.ptr)
+        return got
 
     def pop(self, uint32_t lkey, default=None):
         found = self.get(lkey, default)
         if self.ctx.ptr is not NULL:
+            f.sf_ctx_lock(self.ctx.ptr)
             f.sf_ctx_drop_lkey(self.ctx.ptr, self.path, lkey)
+            f.sf_ctx_unlock(self.ctx.ptr)
         return found
 
 
@@ -147,7 +218,9 @@ cdef class FastCQ:
             raise ValueError("a FastCQ needs an open FastContext and a CQ per path")
         for i in range(f.SF_PATHS):
             on[i] = <void *>(<CQ>path_cqs[i]).ptr if i < len(path_cqs) else NULL
+        f.sf_ctx_lock(ctx.ptr)
         self.ptr = f.sf_cq_new(ctx.ptr, cqe, on, cookie)
+        f.sf_ctx_unlock(ctx.ptr)
         if self.ptr is NULL:
             raise MemoryError()
         self.ctx, self.path_cqs, self.cqe = ctx, path_cqs, cqe
@@ -159,17 +232,27 @@ cdef class FastCQ:
         cdef int notify = 0
         if self.ptr is NULL:
             return False, False
+        f.sf_ctx_lock(self.ctx.ptr)
         ok = f.sf_cq_push(self.ptr, &w, &notify) == 0
+        f.sf_ctx_unlock(self.ctx.ptr)
         return ok, bool(notify)
 
     def arm(self):
         if self.ptr is not NULL:
+            f.sf_ctx_lock(self.ctx.ptr)
             f.sf_cq_arm(self.ptr)
+            f.sf_ctx_unlock(self.ctx.ptr)
 
     @property
     def ready(self):
         """Completions released to the application and not yet polled."""
-        return 0 if self.ptr is NULL else f.sf_cq_ready(self.ptr)
+        cdef uint32_t ready
+        if self.ptr is NULL:
+            return 0
+        f.sf_ctx_lock(self.ctx.ptr)
+        ready = f.sf_cq_ready(self.ptr)
+        f.sf_ctx_unlock(self.ctx.ptr)
+        return ready
 
     def poll(self, int num_entries):
         """(count, WCs) after a pass of the context's progress, as ShiftCQ.poll returns them."""
@@ -181,7 +264,9 @@ cdef class FastCQ:
         out = []
         while True:  # poll(0) asks too: it meets an overflow
             want = max(0, min(num_entries, FAST_BATCH))
+            f.sf_ctx_lock(self.ctx.ptr)
             got = f.sf_cq_take(self.ptr, want, wcs)
+            f.sf_ctx_unlock(self.ctx.ptr)
             if got < 0:
                 raise CQOverflowError(f"CQ overflow: more than {self.cqe} completions were not polled")
             for i in range(got):
@@ -192,7 +277,9 @@ cdef class FastCQ:
 
     def close(self):
         if self.ptr is not NULL:
+            f.sf_ctx_lock(self.ctx.ptr)
             f.sf_cq_free(self.ptr)
+            f.sf_ctx_unlock(self.ctx.ptr)
             self.ptr = NULL
             self.ctx.release()
         self.path_cqs = []
@@ -218,23 +305,65 @@ cdef class FastQP:
         ctx.adopt()
 
     def add_path(self, int path, QP qp, uint32_t qpn):
-        if f.sf_qp_add_path(self.ptr, path, <void *>qp.ptr, qpn):
+        f.sf_ctx_lock(self.ctx.ptr)
+        failed = f.sf_qp_add_path(self.ptr, path, <void *>qp.ptr, qpn)
+        f.sf_ctx_unlock(self.ctx.ptr)
+        if failed:
             raise MemoryError()
         self.path_qps.append(qp)
 
     def set_rkey(self, int path, uint32_t rkey, uint32_t path_rkey):
         """The peer's default rkey `rkey` is `path_rkey` on backup `path`."""
-        if self.ptr is not NULL and f.sf_qp_set_rkey(self.ptr, path, rkey, path_rkey):
+        cdef int failed
+        if self.ptr is NULL:
+            return
+        f.sf_ctx_lock(self.ctx.ptr)
+        failed = f.sf_qp_set_rkey(self.ptr, path, rkey, path_rkey)
+        f.sf_ctx_unlock(self.ctx.ptr)
+        if failed:
             raise MemoryError()
+
+    def set_armed(self, int path, bint armed):
+        """Whether `path` is armed: where a switch made in the core may go."""
+        if self.ptr is not NULL:
+            f.sf_ctx_lock(self.ctx.ptr)
+            f.sf_qp_set_armed(self.ptr, path, armed)
+            f.sf_ctx_unlock(self.ctx.ptr)
+
+    def set_target(self, int path, uint64_t addr, uint32_t rkey):
+        """The peer's control MR on `path`, where a switch made in the core sends our count."""
+        if self.ptr is not NULL:
+            f.sf_ctx_lock(self.ctx.ptr)
+            f.sf_qp_set_target(self.ptr, path, addr, rkey)
+            f.sf_ctx_unlock(self.ctx.ptr)
+
+    def news(self):
+        """The switches made in the core since the last call, oldest first: (kind, left, to, reason, moved,
+        at_ns, then_ns) each (fastpath.h's sf_news)."""
+        cdef f.sf_news got[f.SF_NEWS_MAX]
+        cdef int n, i
+        if self.ptr is NULL:
+            return []
+        f.sf_ctx_lock(self.ctx.ptr)
+        n = f.sf_qp_news(self.ptr, got, f.SF_NEWS_MAX)
+        f.sf_ctx_unlock(self.ctx.ptr)
+        return [(got[i].kind, got[i].left, got[i].to, got[i].reason, got[i].moved, got[i].at_ns, got[i].then_ns)
+                for i in range(n)]
 
     @property
     def fast(self):
-        return self.ptr is not NULL and f.sf_qp_mode(self.ptr) == f.SF_MODE_FAST
+        return self.ptr is not NULL and f.sf_qp_mode(self.ptr) == f.SF_MODE_FAST  # a word read: no mutex
 
     @property
     def inline_kept(self):
         """Sends in the fast path's ledger that keep a copy of their inline bytes."""
-        return 0 if self.ptr is NULL else f.sf_qp_inline_kept(self.ptr)
+        cdef uint32_t kept
+        if self.ptr is NULL:
+            return 0
+        f.sf_ctx_lock(self.ctx.ptr)
+        kept = f.sf_qp_inline_kept(self.ptr)
+        f.sf_ctx_unlock(self.ctx.ptr)
+        return kept
 
     def post_send(self, wr):
         """FAST_POSTED, FAST_NEW_RKEY, FAST_NOT_FAST (post it in Python), FAST_QUEUE_FULL or FAST_REFUSED."""
@@ -242,7 +371,9 @@ cdef class FastQP:
         cdef c.sc_post_error err = c.SC_POST_OK
         if self.ptr is NULL:
             return FAST_NOT_FAST
+        f.sf_ctx_lock(self.ctx.ptr)
         got = f.sf_qp_post_send(self.ptr, batch.wrs, &err)
+        f.sf_ctx_unlock(self.ctx.ptr)
         self.refusal = err
         return got
 
@@ -251,7 +382,9 @@ cdef class FastQP:
         cdef c.sc_post_error err = c.SC_POST_OK
         if self.ptr is NULL:
             return FAST_NOT_FAST
+        f.sf_ctx_lock(self.ctx.ptr)
         got = f.sf_qp_post_recv(self.ptr, batch.wrs, &err)
+        f.sf_ctx_unlock(self.ctx.ptr)
         self.refusal = err
         return got
 
@@ -261,7 +394,9 @@ cdef class FastQP:
         cdef int posted = 0
         if self.ptr is NULL:
             return POST_STATE, 0
+        f.sf_ctx_lock(self.ctx.ptr)
         err = f.sf_qp_post_raw_send(self.ptr, path, batch.wrs, batch.n, &posted)
+        f.sf_ctx_unlock(self.ctx.ptr)
         return err, posted
 
     def post_raw_recv(self, int path, wrs):
@@ -269,17 +404,24 @@ cdef class FastQP:
         cdef int posted = 0
         if self.ptr is NULL:
             return POST_STATE, 0
+        f.sf_ctx_lock(self.ctx.ptr)
         err = f.sf_qp_post_raw_recv(self.ptr, path, batch.wrs, batch.n, &posted)
+        f.sf_ctx_unlock(self.ctx.ptr)
         return err, posted
 
     def export(self):
         """The ledger, which is Python's from now on: (next_id, sent_two_sided, received, sends, receives),
-        each entry a tuple (see entry_fields)."""
+        each entry a tuple (see entry_fields); False, nothing taken, while the QP has news to read first
+        (news()); None once closed."""
         cdef f.sf_ledger_view view
         cdef uint32_t i
         if self.ptr is NULL:
             return None
-        f.sf_qp_export(self.ptr, &view)
+        f.sf_ctx_lock(self.ctx.ptr)
+        unread = f.sf_qp_export(self.ptr, &view)  # the QP is Python's now: no switch touches the view
+        f.sf_ctx_unlock(self.ctx.ptr)
+        if unread:
+            return False
         sends = [entry_fields(&view.sq[i]) for i in range(view.sq_count)]
         receives = [entry_fields(&view.rq[i]) for i in range(view.rq_count)]
         return view.next_id, view.sent_two_sided, view.received, sends, receives
@@ -290,15 +432,21 @@ cdef class FastQP:
         if self.ptr is NULL:
             return False
         for fields in entries:
-            if not import_entry(self.ptr, fields):
+            if not import_entry(self.ctx.ptr, self.ptr, fields):
+                f.sf_ctx_lock(self.ctx.ptr)
                 f.sf_qp_import_abort(self.ptr)
+                f.sf_ctx_unlock(self.ctx.ptr)
                 return False
+        f.sf_ctx_lock(self.ctx.ptr)
         f.sf_qp_import_done(self.ptr, path, next_id, sent_two_sided, received)
+        f.sf_ctx_unlock(self.ctx.ptr)
         return True
 
     def close(self):
         if self.ptr is not NULL:
+            f.sf_ctx_lock(self.ctx.ptr)
             f.sf_qp_free(self.ptr)
+            f.sf_ctx_unlock(self.ctx.ptr)
             self.ptr = NULL
             self.ctx.release()
         self.path_qps = []
@@ -316,7 +464,7 @@ cdef tuple entry_fields(const f.sf_entry *e):
             e.failed_with, kept)
 
 
-cdef bint import_entry(f.sf_qp *qp, tuple fields) except -1:
+cdef bint import_entry(f.sf_ctx *ctx, f.sf_qp *qp, tuple fields) except -1:
     cdef f.sf_entry e
     cdef c.sc_sge stack[STACK_SGES]
     cdef c.sc_sge *sges
@@ -332,7 +480,10 @@ cdef bint import_entry(f.sf_qp *qp, tuple fields) except -1:
     e.wr.num_sge = len(sg)
     e.wr.sg = sges
     try:
-        return f.sf_qp_import(qp, &e) == 0
+        f.sf_ctx_lock(ctx)
+        imported = f.sf_qp_import(qp, &e) == 0
+        f.sf_ctx_unlock(ctx)
+        return imported
     finally:
         if sges != &stack[0]:
             free(sges)

@@ -111,3 +111,23 @@ int sc_link_read(int fd, int32_t source, const struct sc_link *watched, int nwat
     }
     return n;
 }
+
+void sc_link_raise(const struct sc_link_event *events, int n, const struct sc_link *watched,
+                   const struct sc_link_mark *marks, int nwatched) {
+    const struct sc_link_mark *raised[64];
+    int count = 0;
+    for (int e = 0; e < n; e++)
+        for (int i = 0; !events[e].up && i < nwatched; i++) {
+            const struct sc_link_mark *mark = &marks[i];
+            if (!mark->word || watched[i].source != events[e].source || watched[i].ifindex != events[e].ifindex)
+                continue;
+            __atomic_fetch_or(mark->word, 1u << mark->bit, __ATOMIC_RELEASE);
+            int known = 0;
+            for (int k = 0; k < count; k++)
+                known |= raised[k]->act == mark->act && raised[k]->arg == mark->arg;
+            if (!known && mark->act && count < 64)
+                raised[count++] = mark;
+        }
+    for (int k = 0; k < count; k++)
+        raised[k]->act(raised[k]->arg);
+}

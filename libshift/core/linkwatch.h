@@ -20,6 +20,15 @@ struct sc_link_event {
     uint8_t gone; /* RTM_DELLINK: the netdev was removed */
 };
 
+/* What a watched link raises when it is seen down: bit `bit` of the word at `word`, set atomically from the
+ * watch's thread for whoever acts on it (the fast path's next pass: fastpath.h's sf_ctx_link_word). */
+struct sc_link_mark {
+    uint32_t *word; /* NULL: nothing to raise */
+    uint32_t bit;
+    void (*act)(void *arg); /* called once per raise (per distinct arg), after the bits: NULL for none */
+    void *arg;
+};
+
 /* The events of one datagram read from `source` for the watched links, at most max of them; a malformed
  * message ends the parse (what follows it cannot be framed), and nothing is read past len. */
 int sc_link_parse(const uint8_t *buf, size_t len, int32_t source, const struct sc_link *watched, int nwatched,
@@ -34,5 +43,10 @@ int64_t sc_link_wait(const int *fds, int nfds, int timeout_ms);
  * kernel are dropped unread. */
 int sc_link_read(int fd, int32_t source, const struct sc_link *watched, int nwatched, struct sc_link_event *out,
                  int max);
+
+/* Raise the mark of every watched link (watched[i] has marks[i]) that `events` say is down or gone, then
+ * call the `act` of each raised mark once per distinct arg, on the caller's thread. */
+void sc_link_raise(const struct sc_link_event *events, int n, const struct sc_link *watched,
+                   const struct sc_link_mark *marks, int nwatched);
 
 #endif

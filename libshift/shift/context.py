@@ -128,7 +128,9 @@ class ShiftContext:
         self.agent.add_path_source(self.paths)
         if env_int("SHIFT_LINK_WATCH", 1, 0, 1):
             netdevs = {path: (ctx.device.netdev, ctx.device.netns) for path, ctx in self.devices.items()}
-            self.links = LinkWatch({p: n for p, n in netdevs.items() if n[0]}, self._link_down, self.name)
+            marks = {path: self.fast.link_mark(depth(path)) for path in netdevs}
+            watched = {p: n for p, n in netdevs.items() if n[0]}
+            self.links = LinkWatch(watched, self._link_down, self.name, marks)
         return None
 
     @property
@@ -146,9 +148,9 @@ class ShiftContext:
         A provider CQ found empty costs a pass of its device's engine; the backup path's CQs (the twins and
         the control CQ) made a busy poll cost three passes where a bare CQ costs one. So, unless told to look
         at `everything` (the watchers, woken by the backup path), a pass drives the backup path only while
-        it carries traffic (it moved in the last 50 ms) and otherwise every millisecond, and in between only
-        takes what its engine's own thread has made. What is not the fast path's own comes to _deferred,
-        under the lock."""
+        it carries traffic (it moved in the last 50 ms), and otherwise only takes what its engine's own
+        thread has made: a drive would park that thread, which makes a peer's count the moment it comes.
+        What is not the fast path's own comes to _deferred, under the lock."""
         self.fast.progress(everything)
 
     def drain(self, cq: ShiftCQ | None, path: str, qp_num: int) -> None:
@@ -158,7 +160,7 @@ class ShiftContext:
 
     def _deferred(self, kind: int, path: int, cookie: int, wc: WC) -> None:
         """What the fast path hands over (under the lock): a completion for the failover layer, a QP that
-        overflowed its CQ, an armed CQ's event."""
+        overflowed its CQ (or could not go on after a switch), an armed CQ's event, a switch it made."""
         if kind == self.fastpath.DEFER_NOTIFY:
             cq = self.cqs.get(cookie)
             if cq is not None:
@@ -166,6 +168,9 @@ class ShiftContext:
             return
         qp = self.qps.get((PATHS[path], wc.qp_num))
         if qp is None:
+            return
+        if kind == self.fastpath.DEFER_NEWS:
+            qp.switcher.follow_core()
             return
         if kind == self.fastpath.DEFER_OVERFLOW:
             qp.fail()  # as on an RNIC: the QP goes to ERR and the rest flushes (into the lost CQ)
@@ -271,9 +276,11 @@ class ShiftContext:
                 qps = set(self.qps.values())
                 doubtful = set(self.doubtful)
             for qp in qps:
-                qp.rearm.read()  # under the lock, one QP at a time
-                qp.rearm.retry_default(now)
-                qp.switcher.check_fence(now)
+                with self.lock:  # one QP at a time
+                    qp.switcher.follow_core()
+                    qp.rearm.read()
+                    qp.rearm.retry_default(now)
+                    qp.switcher.check_fence(now)
             for qp in doubtful:
                 qp.doubt.settle(now)
 
@@ -293,6 +300,7 @@ class ShiftContext:
         log.debug("shiftd: %s (the %s path) is %s", change.device, path, change.state.name)
         if up:
             self._links_down.discard(path)
+            self.fast.link_up(depth(path))
         elif path in self._links_down:
             return  # the link watch was first: its move is made
         self._device_event(path, down, "nic_event")
@@ -309,13 +317,21 @@ class ShiftContext:
     def _device_event(self, path: str, down: bool, source: str) -> None:
         """The default's DOWN is the fastest detection (the link watch's or shiftd's, before any error
         completion), its UP starts the failback; a backup's DOWN moves the traffic on it along, its UP
-        re-arms it. A second DOWN finds nothing left to move."""
+        re-arms it. A second DOWN finds nothing left to move.
+
+        A DOWN is the core's first: its pass moves every QP in the steady state off the path (it may have
+        already, on the link watch's mark); what it leaves (a QP in the middle of something, or one whose
+        keys on the backup are still to be looked up) is moved here."""
         if path == PRIMARY and down:
             steps.note(0, source)
+        if down:
+            self.fast.link_down(depth(path))
+            self.progress()
         with self.lock:
             qps = set(self.qps.values())
         for qp in qps:  # the lock per QP: with a thousand QPs the first moves at once, not after the last
             with self.lock:
+                qp.switcher.follow_core()
                 if path != PRIMARY and down:
                     qp.switcher.backup_down(path)
                 elif path != PRIMARY:
@@ -327,7 +343,7 @@ class ShiftContext:
 
     def _nic_state(self, path: str) -> NicState:
         """shiftd's word on the device of `path`, DOWN while the link watch saw its link fail since."""
-        if path in self._links_down:
+        if path in self._links_down or self.fast.link_is_down(depth(path)):
             return NicState.DOWN
         return self.agent.nic_state(self.devices[path].name) if self.agent is not None else NicState.UNKNOWN
 
@@ -349,6 +365,8 @@ class ShiftContext:
         """(our device, the device in use) -> QPs: where our QPs run now, for shiftd (the agent asks)."""
         with self.lock:
             qps = set(self.qps.values())
+            for qp in qps:
+                qp.switcher.follow_core()
             return Counter((self.name, self.devices[qp.current].name) for qp in qps)
 
     def close(self) -> None:

@@ -10,18 +10,20 @@ with the key. Whatever the failover
 layer does to a QP starts with `take`, under the context's lock: the core's entries become the Python
 Ledger's, and the QP is Python's until `give` hands them back, which it does only in the steady state.
 The core gives the ledger up by itself when it meets anything unusual, and leaves that completion for
-the failover layer (ShiftContext._deferred).
+the failover layer (ShiftContext._deferred). It also fails a QP over by itself (fast_switch.c) and says so
+in the QP's news, which `take` follows first (ShiftQP.sync), so the ledger comes with the states it is in.
 """
 
 from __future__ import annotations
 
 import errno
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from libshift.core._core import FAST_NEW_RKEY, FAST_POSTED, FAST_QUEUE_FULL
-from libshift.shift.paths import PRIMARY, depth
+from libshift.shift.paths import depth
 from libshift.shift.rewind import Entry
-from libshift.shift.states import Send
+from libshift.shift.states import HELD, Send
 from libshift.verbs import RecvWR, SendWR, VerbsRDMAError, ibv_wc_status, ibv_wr_opcode
 
 if TYPE_CHECKING:
@@ -31,11 +33,14 @@ STEADY = frozenset({Send.DEFAULT, Send.PLAIN, Send.FALLBACK})  # connected on th
 
 
 def take(qp: ShiftQP) -> None:
-    """Make the ledger Python's (a no-op when it is already)."""
+    """Make the ledger Python's (a no-op when it is already), after following the switches the core made."""
     if not qp.fast_owned:
         return
     qp.fast_owned = False
-    exported = qp.fast.export()
+    exported = False
+    while exported is False:  # the core may switch it on the link watch's thread until it is taken
+        qp.switcher.follow_core()
+        exported = qp.fast.export()
     if exported is None:  # closed
         return
     next_id, sent_two_sided, received, sends, receives = exported
@@ -58,9 +63,10 @@ def give(qp: ShiftQP) -> None:
     if any(e.slot is not None or (e.wc is None and (not e.posted or e.path != current)) for e in entries):
         return  # an inline copy in the Python pool, or a WR outstanding elsewhere: not steady yet
     path = depth(current)
-    if current != PRIMARY and qp.ctx.keys is not None and qp.remote is not None:
-        for rkey, backup in qp.ctx.keys.known(qp.remote.gid, path).items():
-            qp.fast.set_rkey(path, rkey, backup)
+    if qp.ctx.keys is not None and qp.remote is not None:  # for a post there, or a switch made in the core
+        for n in map(depth, qp.ctx.backups):
+            for rkey, backup in qp.ctx.keys.known(qp.remote.gid, n).items():
+                qp.fast.set_rkey(n, rkey, backup)
     fields = [_fields(qp, e) for e in entries]
     if not qp.fast.import_ledger(path, ledger.next_id, ledger.sent_two_sided, ledger.received, fields):
         return
@@ -74,14 +80,21 @@ def posted(qp: ShiftQP, got: int, wr: SendWR | RecvWR, send: bool) -> None:
     """What the fast path said of a post it took: done, or the refusal to raise."""
     if got == FAST_POSTED:
         return
-    if got == FAST_NEW_RKEY:  # fetch the peer's backup keys now, so that a switch finds them
+    if got == FAST_NEW_RKEY:  # fetch the peer's backup keys now, so that a switch (the core's too) finds them
         if isinstance(wr, SendWR) and qp.ctx.keys is not None and qp.remote is not None:
-            qp.ctx.keys.prefetch(qp.remote.gid, wr.rkey)
+            qp.ctx.keys.prefetch(qp.remote.gid, wr.rkey, partial(_chain_found, qp.fast, wr.rkey))
         return
     if got == FAST_QUEUE_FULL:
         which = "send" if send else "receive"
         raise VerbsRDMAError(f"QP {qp.qp_num}: {which} queue full", errno.ENOMEM)
     raise qp.primary.impl.refused(qp.fast.refusal, wr, send)
+
+
+def _chain_found(fast: Any, rkey: int, chain: list[int]) -> None:
+    """The peer's rkeys on its backups for its default `rkey`, into the QP's maps in the core (on the
+    lookup's thread: each call holds the interpreter lock, which serializes the fast path)."""
+    for path, backup in enumerate(chain, 1):
+        fast.set_rkey(path, rkey, backup)
 
 
 def _entry(qp: ShiftQP, fields: tuple) -> Entry:
@@ -93,8 +106,10 @@ def _entry(qp: ShiftQP, fields: tuple) -> Entry:
         )
     else:
         wr = RecvWR(app_id, None, sg)
-    # posted on the path in use: the fast path posts only there, and a switch takes the ledger before it moves
-    path = qp.current if posted else None
+    # posted on the path in use: the fast path posts only there, and a switch in Python takes the ledger
+    # before it moves; in the middle of the core's switch (HELD) the sends wait for the peer's count
+    held = is_send and qp.states.send in HELD
+    path = qp.current if posted and not held else None
     entry = Entry(wr_id, wr, signaled, None if index < 0 else index, path, posted, wc)
     entry.failed_with = ibv_wc_status(failed_with) if failed_with else None
     if kept is not None and isinstance(wr, SendWR) and qp.states.live:

@@ -9,6 +9,7 @@ peer publishes the deepest link first, so once the first link is there the rest 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from libshift.agent import Agent, AgentError
@@ -24,9 +25,14 @@ class RemoteKeys:
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="libshift-keys")
         self._chains: dict[tuple[str, int], Future[list[int]]] = {}
 
-    def prefetch(self, gid: str, rkey: int) -> None:
-        if (gid, rkey) not in self._chains:
-            self._chains[(gid, rkey)] = self._pool.submit(self._chain, gid, rkey)
+    def prefetch(self, gid: str, rkey: int, found: Callable[[list[int]], None] | None = None) -> None:
+        """Look the chain of (gid, rkey) up in the background, once; `found(chain)` is called with it when
+        it is in (at once when it is already, else on the lookup's thread)."""
+        chain = self._chains.get((gid, rkey))
+        if chain is None:
+            chain = self._chains[(gid, rkey)] = self._pool.submit(self._chain, gid, rkey)
+        if found is not None:
+            chain.add_done_callback(lambda done: _tell(done, found))
 
     def backup(self, gid: str, rkey: int, depth: int = 1) -> int | None:
         """The rkey of the peer MR (gid, rkey) on its `depth`-th backup (1: the backup, 2: the backup's
@@ -69,3 +75,8 @@ class RemoteKeys:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _tell(chain: Future[list[int]], found: Callable[[list[int]], None]) -> None:
+    if not chain.cancelled() and chain.exception() is None:
+        found(chain.result())

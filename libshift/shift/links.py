@@ -8,8 +8,12 @@ one finds nothing left to do. Only DOWN is taken from here: UP stays shiftd's, w
 when a link that came back can be trusted.
 
 One NETLINK_ROUTE socket per network namespace of the netdevs (an ifindex means something only in its
-namespace), read by the core (linkwatch.c) on one thread that waits without the interpreter lock. The watch
-knows the ifindex each netdev had when it started: a netdev removed and made again is shiftd's to see.
+namespace), read by the core (linkwatch.c) on one thread that waits without the interpreter lock. Before
+that thread takes the lock again, the core raises the mark of each link seen down (a bit of the context's
+fast path, `marks`) and moves the QPs in their steady state off it, in C, on this thread
+(fast_switch.c): the call to `on_down` comes after, when the lock is had, for what the core left to the
+failover layer. The
+watch knows the ifindex each netdev had when it started: a netdev removed and made again is shiftd's to see.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from libshift.core._core import link_read, link_wait
+from libshift.core._core import link_next
 from libshift.netns import NetnsError, in_netns
 
 log = logging.getLogger("libshift.shift")
@@ -29,16 +33,25 @@ RTMGRP_LINK = 1
 RECEIVE_BUFFER = 1 << 20  # a burst of link messages (a host's NICs bouncing together) must not be dropped
 
 Netdev = tuple[str, str | None]  # (netdev, network namespace or None for the thread's own)
+Mark = tuple[int, int, int, int]  # FastContext.link_mark: raised in C, and acted on, when the link fails
 
 
 class LinkWatch:
     """Calls `on_down(key)` on its own thread when the link of the netdev named for `key` stops carrying
     traffic, once per failure (the kernel says it in several messages: the carrier, then the operstate).
     `netdevs` maps each key to its (netdev, namespace); a netdev that cannot be found is left out, with a
-    warning."""
+    warning. `marks` maps a key to the mark the core raises, without the interpreter lock, before that
+    call."""
 
-    def __init__(self, netdevs: dict[str, Netdev], on_down: Callable[[str], None], name: str) -> None:
+    def __init__(
+        self,
+        netdevs: dict[str, Netdev],
+        on_down: Callable[[str], None],
+        name: str,
+        marks: dict[str, Mark] | None = None,
+    ) -> None:
         self._on_down = on_down
+        self._marks = marks or {}
         self._sockets: list[socket.socket] = []
         self._keys: dict[tuple[int, int], str] = {}  # (socket index, ifindex) -> key
         self._down: set[str] = set()  # keys told down whose link has not been up since
@@ -66,27 +79,27 @@ class LinkWatch:
 
     def _run(self) -> None:
         fds = [sock.fileno() for sock in self._sockets]
-        watched = list(self._keys)
+        watched = [(*link, self._marks.get(key)) for link, key in self._keys.items()]
         while True:
-            ready = link_wait([*fds, self._wake], -1)
-            if len(fds) in ready:
+            try:
+                woken, events, failures = link_next(fds, self._wake, watched)
+            except OSError as exc:
+                log.warning("link watch stopped: %s", exc)
                 return
-            for source in ready:
-                try:
-                    events = link_read(fds[source], source, watched)
-                except OSError as exc:
-                    if exc.errno != errno.ENOBUFS:
-                        log.warning("link watch stopped: %s", exc)
-                        return
-                    log.info("link watch: the kernel dropped link messages; shiftd's word stands for them")
-                    continue
-                for found, ifindex, up, _gone in events:
-                    key = self._keys[(found, ifindex)]
-                    if up:
-                        self._down.discard(key)
-                    elif key not in self._down:
-                        self._down.add(key)
-                        self._tell(key)
+            if woken:
+                return
+            for _source, error in failures:
+                if error != errno.ENOBUFS:
+                    log.warning("link watch stopped: %s", os.strerror(error))
+                    return
+                log.info("link watch: the kernel dropped link messages; shiftd's word stands for them")
+            for found, ifindex, up, _gone in events:
+                key = self._keys[(found, ifindex)]
+                if up:
+                    self._down.discard(key)
+                elif key not in self._down:
+                    self._down.add(key)
+                    self._tell(key)
 
     def _tell(self, key: str) -> None:
         try:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from libshift.agent import AgentError
 from libshift.core._core import FAST_NOT_FAST as NOT_FAST
 from libshift.shift import handover, notify
+from libshift.shift.armed import Armed
 from libshift.shift.cq import ShiftCQ
 from libshift.shift.detect import Verdict, default_path_attr, judge
 from libshift.shift.doubt import Doubt
@@ -82,7 +83,7 @@ class ShiftQP:
         self.states = States()
         self.current = PRIMARY
         self.remote: Endpoint | None = None
-        self.armed = dict.fromkeys(self.ctx.devices, False)  # connected, control receive at its head (ours)
+        self.armed = Armed(self.fast, self.ctx.devices)  # connected, control receive at its head (ours)
         self.peers: dict[str, Endpoint] = {}  # the paths both sides have, in the policy's order
         self.targets: dict[str, tuple[int, int]] = {}  # path -> the peer's control MR on it (addr, rkey)
         self._access = 0
@@ -228,6 +229,8 @@ class ShiftQP:
             handover.give(self)
             return
         self.targets = notify.targets_of(peers[BACKUP])
+        for path, (addr, rkey) in self.targets.items():
+            self.fast.set_target(depth(path), addr, rkey)
         self.peers = {PRIMARY: self.remote, **peers}
         for path in peers:
             self.arm(path)

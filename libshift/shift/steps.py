@@ -25,10 +25,11 @@ def keep() -> None:
     _kept = []
 
 
-def note(qp_num: int, step: str) -> None:
+def note(qp_num: int, step: str, at_ns: int | None = None) -> None:
+    """Keep a step, now or at `at_ns` (a moment the core took on the same clock)."""
     kept = _kept
     if kept is not None and len(kept) < LIMIT:
-        kept.append((time.monotonic_ns(), qp_num, step))
+        kept.append((time.monotonic_ns() if at_ns is None else at_ns, qp_num, step))
 
 
 def kept() -> list[Step]:

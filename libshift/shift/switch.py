@@ -12,9 +12,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
+from libshift.core._core import NEWS_SWITCHED, REASON_NIC_EVENT
 from libshift.notices import SwitchKind, SwitchReport
 from libshift.shift import handover, notify, steps
-from libshift.shift.paths import PRIMARY
+from libshift.shift.paths import PATHS, PRIMARY
 from libshift.shift.states import AWAITING_COUNT, SWITCHABLE, Send, State, Transition
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class Switcher:
         self._peer_count: dict[str, int | None] = dict.fromkeys(qp.ctx.devices)
         self._move = Move("", 0.0, 0, PRIMARY)
         self._fence_until = 0.0  # while WAIT_SIGNALED: when the fence gives up waiting
+        self.core_moves = 0  # switches the core made (fast_switch.c), for diagnostics
 
     def escape(self) -> str | None:
         """Where the current path is left for when it fails: the first armed path in the policy's order
@@ -71,10 +73,7 @@ class Switcher:
         if qp.states.send is Send.BROKEN:
             return  # a completion drained overflowed the application's CQ: nothing to switch any more
         steps.note(qp.qp_num, "old_path_stopped")
-        qp.current, qp.armed[left] = to, False
-        self._peer_count[left] = None  # a count on the path left belongs to a handshake that is over
-        qp.rearm.lost()
-        qp.states.step(Transition.FAILBACK if to == PRIMARY else Transition.FAILOVER)
+        self._left(left, to)
         if to == PRIMARY and ctx.device_up(left):
             # a failback re-arms the backup it leaves now, before the handshake: both sides do it once here,
             # so that a failure of the default path in the middle of the handshake (the peer's count never
@@ -96,6 +95,14 @@ class Switcher:
         log.info("QP %d: switching to the %s path (%s)", qp.qp_num, to, reason)
         if self._peer_count[to] is not None:
             self._resume()
+
+    def _left(self, left: str, to: str) -> None:
+        """The path `left` is stopped and drained: the QP is on `to` now, awaiting the peer's count."""
+        qp = self.qp
+        qp.current, qp.armed[left] = to, False
+        self._peer_count[left] = None  # a count on the path left belongs to a handshake that is over
+        qp.rearm.lost()
+        qp.states.step(Transition.FAILBACK if to == PRIMARY else Transition.FAILOVER)
 
     def _merge(self, previous: Move, to: str) -> None:
         """The switch before this one never resumed: report a single move from where that one started
@@ -130,6 +137,12 @@ class Switcher:
         steps.note(qp.qp_num, "replay_posted")
         qp.states.step(Transition.RESUME)
         qp.deliver()
+        self._resumed(rewound)
+        handover.give(qp)
+
+    def _resumed(self, rewound: int) -> None:
+        """The switch is over: what to re-arm next, and shiftd's report."""
+        qp = self.qp
         move, failback = self._move, qp.current == PRIMARY
         qp.rearm.resumed(failback, move.reason)
         devices = qp.ctx.devices
@@ -145,7 +158,37 @@ class Switcher:
                 time_unix_nanos=time.time_ns(),
             )
         )
-        handover.give(qp)
+
+    # -- the switches the core made (fast_switch.c), told by the QP's news --------------------------------
+
+    def follow_core(self) -> None:
+        """Follow the switches the core made since we last looked: before anything here acts on the QP,
+        under the context's lock, so that it acts on where the QP is."""
+        for kind, left, to, reason, moved, at_ns, then_ns in self.qp.fast.news():
+            if kind == NEWS_SWITCHED:
+                why = "nic_event" if reason == REASON_NIC_EVENT else "peer_notification"
+                self.core_switched(PATHS[left], PATHS[to], why, moved, at_ns, then_ns)
+            else:
+                self.core_resumed(moved, at_ns, then_ns)
+
+    def core_switched(self, left: str, to: str, reason: str, moved: int, began_ns: int, sent_ns: int) -> None:
+        """The core left `left` for `to` in the QP's steady state, and sent our count: follow it here."""
+        qp = self.qp
+        steps.note(qp.qp_num, "switch", began_ns)
+        steps.note(qp.qp_num, "count_sent", sent_ns)
+        qp.states.step(Transition.STOP)
+        self._left(left, to)
+        self._move = Move(reason, began_ns / 1e9, moved, left)
+        self.core_moves += 1
+        log.info("QP %d: switching to the %s path (%s, in the core)", qp.qp_num, to, reason)
+
+    def core_resumed(self, rewound: int, counted_ns: int, replayed_ns: int) -> None:
+        """The peer's count came to the core, which settled and replayed the sends."""
+        qp = self.qp
+        steps.note(qp.qp_num, "peer_count", counted_ns)
+        steps.note(qp.qp_num, "replay_posted", replayed_ns)
+        qp.states.step(Transition.RESUME)
+        self._resumed(rewound)
 
     # -- the failback's fence (DESIGN's WAIT_SIGNALED) -----------------------------------------------------
 

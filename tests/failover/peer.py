@@ -138,6 +138,10 @@ class Side:
     def finals(self) -> list[str]:
         return [lane.qp.state.value for lane in self.lanes]
 
+    def core_moves(self) -> int:
+        """The QPs' switches the core made, with no Python in the way (fast_switch.c)."""
+        return sum(lane.qp.switcher.core_moves for lane in self.lanes)
+
 
 class Orders:
     """The test's lines after {"go"}: {"atomic": true} has the sender post one FETCH_AND_ADD into the
@@ -249,6 +253,7 @@ def run_sender(
         failed=side.failed[:10],
         states=side.states,
         finals=side.finals(),
+        core_moves=side.core_moves(),
     )
 
 
@@ -298,6 +303,7 @@ def run_receiver(side: Side, mode: str, orders: Orders, deadline: float) -> None
         failed=side.failed[:10],
         states=side.states,
         finals=side.finals(),
+        core_moves=side.core_moves(),
     )
 
 

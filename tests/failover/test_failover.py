@@ -115,12 +115,17 @@ def test_the_link_watch_moves_the_stream_while_shiftd_is_frozen(
 ) -> None:
     """The application's own netlink socket (SHIFT_LINK_WATCH, on by default) sees h0's NIC lose its
     carrier and moves the stream with no word from shiftd, which is frozen: the move is for "nic_event".
-    With the watch off, the same fault is found only by the ack deadline (the control)."""
+    Both sides' switches are made in the core (fast_switch.c): the sender's on the watch's mark, the
+    receiver's on the sender's count. With the watch off, the same fault is found only by the ack
+    deadline (the control), an error completion, which the failover layer in Python judges and moves."""
     monkeypatch.setenv("SHIFT_LINK_WATCH", watch)  # the peers inherit the test's environment
     since = time.time()
-    assert_intact(*run_stream(lab, "send", link_lost_while_shiftd_is_frozen(lab, reason)))
+    sent, received = run_stream(lab, "send", link_lost_while_shiftd_is_frozen(lab, reason))
+    assert_intact(sent, received)
     failover = switches(lab, "h0", since, wait_for=1)[0]
     assert failover[0] == "FAILOVER_KIND_FAILOVER" and failover[3] == reason, failover
+    assert sent["core_moves"] == (1 if watch == "1" else 0), sent
+    assert received["core_moves"] == 1, received  # either way the receiver follows the count in the core
 
 
 def test_error_completion_detects_a_silent_blackhole(lab: Lab) -> None:

@@ -326,6 +326,23 @@ static void test_the_link_watch_reads_link_messages(void) {
 
 /* A peek takes what the context's progress thread has made, with no pass of its own: a message arrives
  * at b while nobody on b's side drives (b's CQ is only peeked), and it completes there all the same. */
+static int acted[2];
+static void count_act(void *arg) { acted[(int *)arg - acted]++; }
+
+/* A link seen down raises its mark's bit and calls its act once per argument, whatever the number of
+ * messages or of links that share it; a link up, an unmarked one and another socket's raise nothing. */
+static void test_the_link_watch_raises_its_marks(void) {
+    uint32_t word = 0, other = 0;
+    const struct sc_link watched[4] = {{0, 3}, {0, 4}, {1, 3}, {0, 5}};
+    const struct sc_link_mark marks[4] = {
+        {&word, 0, count_act, &acted[0]}, {&word, 2, count_act, &acted[0]}, {&other, 1, count_act, &acted[1]},
+        {NULL, 0, NULL, NULL}};
+    const struct sc_link_event events[5] = {
+        {0, 3, 0, 0}, {0, 3, 0, 0}, {0, 4, 0, 1}, {0, 5, 0, 0}, {1, 3, 1, 0}}; /* the last: up */
+    sc_link_raise(events, 5, watched, marks, 4);
+    CHECK(word == 5 && other == 0 && acted[0] == 1 && acted[1] == 0);
+}
+
 static void test_a_peek_takes_what_the_progress_thread_made(void) {
     static uint8_t ma[64], mb[64];
     struct duo d = duo_new(ma, sizeof ma, mb, sizeof mb, ACCESS_LOCAL_WRITE);
@@ -669,7 +686,7 @@ static void test_the_fast_path(void) {
     struct sc_recv_wr r = {.wr_id = 200, .num_sge = 1, .sg = &sb};
     CHECK(sf_qp_post_recv(b, &r, &err) == SF_POSTED);
     struct sf_ledger_view view;
-    sf_qp_export(b, &view); /* to Python and back, as a switch's end hands it */
+    CHECK(sf_qp_export(b, &view) == 0); /* to Python and back, as a switch's end hands it */
     CHECK(view.rq_count == 1 && view.rq[0].wr.wr_id == 200 && view.received == 3 && view.next_id == 5);
     struct sf_entry kept = view.rq[0];
     CHECK(sf_qp_post_recv(b, &r, &err) == SF_NOT_FAST);
@@ -734,7 +751,7 @@ static void test_the_fast_path_on_a_backup_path(void) {
     CHECK(got[1].wr_id == 22 && got[1].status == WC_SUCCESS);
     CHECK(received == 1 && got[2].wr_id == 300 && memcmp(mb, "backup!", 8) == 0 && memcmp(mb + 64, "backup!", 8) == 0);
     CHECK(sf_qp_mode(a) == SF_MODE_FAST && !sf_ctx_has_deferred(ctx));
-    sf_qp_export(a, &view); /* the ledger keeps the application's keys: a replay translates them again */
+    CHECK(sf_qp_export(a, &view) == 0); /* the ledger keeps the application's keys: a replay translates them again */
     CHECK(view.sq_count == 0 && view.next_id == 3);
     sf_ctx_drop_lkey(ctx, 1, default_lkey);
     CHECK(sf_ctx_lkey(ctx, 1, default_lkey, &found) == 0);
@@ -764,6 +781,146 @@ static void test_a_drain_takes_only_its_qps_deferred_items(void) {
     sf_ctx_free(ctx);
 }
 
+/* One side of a shift QP pair over two duos (path 0 and path 1), in its own fast-path context, as a shift
+ * context has it: its CQ over both paths, path 1's CQ its control CQ, the control receive at the head of
+ * path 1, the peer's control MR its count's target, the default keys' twins on path 1. */
+struct side {
+    sf_ctx *ctx;
+    sf_cq *cq;
+    sf_qp *qp;
+};
+
+static struct side side_new(sc_qp *on0, sc_cq *cq0, sc_qp *on1, sc_cq *cq1, uint32_t qpn, uint8_t *to, sc_mr *target) {
+    struct side s;
+    void *cqs[2] = {cq0, cq1};
+    s.ctx = sf_ctx_new(&sc_dp_tcp, 2);
+    s.cq = sf_cq_new(s.ctx, 16, cqs, 1);
+    s.qp = sf_qp_new(s.ctx, s.cq, s.cq, 8, 8, 1, 0, 1);
+    CHECK(sf_qp_add_path(s.qp, 0, on0, qpn) == 0 && sf_qp_add_path(s.qp, 1, on1, qpn) == 0);
+    sf_ctx_set_control(s.ctx, 1, cq1);
+    struct sc_recv_wr control = {.wr_id = SF_CONTROL_IDS};
+    int posted = 0;
+    CHECK(sf_qp_post_raw_recv(s.qp, 1, &control, 1, &posted) == SC_POST_OK && posted == 1);
+    sf_qp_set_target(s.qp, 1, (uint64_t)(uintptr_t)to, sc_mr_rkey(target));
+    sf_qp_set_armed(s.qp, 0, 1);
+    sf_qp_set_armed(s.qp, 1, 1);
+    sf_qp_import_done(s.qp, 0, 1, 0, 0);
+    return s;
+}
+
+static int news_of(struct side *s, struct sf_news *out, int max) { return sf_qp_news(s->qp, out, max); }
+
+/* The failover made in the core: a's link of path 0 is seen down (the link watch's bit); a's pass stops
+ * path 0, moves its receives, sends its count on path 1; b takes the count there, follows (its own path 0
+ * stopped), answers with its count and resumes; a resumes: the sends b has complete once, a READ goes
+ * again with path 1's keys, a send posted during the handshake is held and goes with the replay. Every
+ * message arrives once, in order, every completion comes once, in order, and both QPs stay in the fast
+ * path on path 1, with news of both steps for the failover layer. */
+static void test_the_failover_in_the_core(void) {
+    static uint8_t ma0[256], mb0[256], ca[32], cb[32];
+    uint8_t *ma = ma0, *mb = mb0;
+    struct duo d0 = duo_new(ma, 256, mb, 256, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_READ);
+    struct duo d1 = duo_new(ma, 256, mb, 256, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_READ);
+    sc_mr *target_a = sc_mr_reg(d1.pa, ca, sizeof ca, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE);
+    sc_mr *target_b = sc_mr_reg(d1.pb, cb, sizeof cb, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE);
+    struct side a = side_new(d0.a, d0.qa, d1.a, d1.qa, 1, cb, target_b);
+    struct side b = side_new(d0.b, d0.qb, d1.b, d1.qb, 2, ca, target_a);
+    CHECK(sf_ctx_set_lkey(a.ctx, 1, sc_mr_lkey(d0.ra), sc_mr_lkey(d1.ra)) == 0);
+    CHECK(sf_ctx_set_lkey(b.ctx, 1, sc_mr_lkey(d0.rb), sc_mr_lkey(d1.rb)) == 0);
+    CHECK(sf_qp_set_rkey(a.qp, 1, sc_mr_rkey(d0.rb), sc_mr_rkey(d1.rb)) == 0);
+    enum sc_post_error err = SC_POST_OK;
+    for (uint32_t i = 0; i < 5; i++) { /* b's receives: message i lands in mb[8i] */
+        struct sc_sge at = {(uint64_t)(uintptr_t)(mb + 8 * i), 8, sc_mr_lkey(d0.rb)};
+        struct sc_recv_wr r = {.wr_id = 100 + i, .num_sge = 1, .sg = &at};
+        CHECK(sf_qp_post_recv(b.qp, &r, &err) == SF_POSTED);
+    }
+    memcpy(mb + 128, "readme!", 8);
+    struct sc_sge out[5], into = {(uint64_t)(uintptr_t)(ma + 128), 8, sc_mr_lkey(d0.ra)};
+    struct sc_send_wr sends[5];
+    for (uint32_t i = 0; i < 5; i++) {
+        ma[8 * i] = (uint8_t)('A' + i);
+        out[i] = (struct sc_sge){(uint64_t)(uintptr_t)(ma + 8 * i), 8, sc_mr_lkey(d0.ra)};
+        sends[i] = (struct sc_send_wr){.wr_id = 10 + i, .opcode = WR_SEND, .num_sge = 1, .sg = &out[i]};
+    }
+    struct sc_send_wr read = {.wr_id = 20, .opcode = WR_RDMA_READ, .rkey = sc_mr_rkey(d0.rb),
+                              .remote_addr = (uint64_t)(uintptr_t)(mb + 128), .num_sge = 1, .sg = &into};
+    struct sc_wc got_a[8], got_b[8];
+    int na = 0, nb = 0;
+    CHECK(sf_qp_post_send(a.qp, &sends[0], &err) == SF_POSTED);
+    for (int i = 0; i < 20000 && (na < 1 || nb < 1); i++) { /* the first one on path 0 */
+        sf_ctx_progress(a.ctx, 0);
+        sf_ctx_progress(b.ctx, 0);
+        na += sf_cq_take(a.cq, 8 - na, got_a + na);
+        nb += sf_cq_take(b.cq, 8 - nb, got_b + nb);
+    }
+    CHECK(na == 1 && nb == 1);
+    CHECK(sf_qp_post_send(a.qp, &sends[1], &err) == SF_POSTED && sf_qp_post_send(a.qp, &sends[2], &err) == SF_POSTED);
+    CHECK(sf_qp_post_send(a.qp, &read, &err) == SF_POSTED_NEW_RKEY); /* its backups to be fetched */
+    *sf_ctx_link_word(a.ctx) |= 1u; /* as the link watch raises it, and acts on it on its own thread */
+    sf_ctx_links_act(a.ctx);
+    CHECK(sf_ctx_link_is_down(a.ctx, 0) && sf_qp_mode(a.qp) == SF_MODE_FAST && a.qp->phase == SF_HANDSHAKE);
+    struct sf_ledger_view view;
+    CHECK(sf_qp_export(a.qp, &view) == 1 && sf_qp_mode(a.qp) == SF_MODE_FAST); /* its news are read first */
+    struct sf_news early[2];
+    CHECK(news_of(&a, early, 2) == 1 && early[0].kind == SF_NEWS_SWITCHED);
+    /* the failover layer takes the ledger in the middle of the handshake (a post naming a key the core
+     * does not know) and gives it back: the QP is in its steady state again, on the path it is on */
+    CHECK(sf_qp_export(a.qp, &view) == 0 && sf_qp_mode(a.qp) == SF_MODE_PYTHON && a.qp->phase == SF_STEADY);
+    struct sf_entry held[4];
+    for (uint32_t i = 0; i < view.sq_count; i++)
+        held[i] = view.sq[i];
+    for (uint32_t i = 0; i < view.sq_count; i++)
+        CHECK(sf_qp_import(a.qp, &held[i]) == 0);
+    sf_qp_import_done(a.qp, 1, view.next_id, view.sent_two_sided, view.received);
+    CHECK(sf_qp_mode(a.qp) == SF_MODE_FAST && a.qp->phase == SF_STEADY && a.qp->path == 1);
+    a.qp->phase = SF_HANDSHAKE; /* the failover layer would finish the handshake; here the core goes on */
+    CHECK(sf_qp_post_send(a.qp, &sends[3], &err) == SF_POSTED); /* held until b's count */
+    for (int i = 0; i < 40000 && (na < 6 || nb < 5); i++) {
+        sf_ctx_progress(a.ctx, 0);
+        sf_ctx_progress(b.ctx, 0);
+        na += sf_cq_take(a.cq, 8 - na, got_a + na);
+        nb += sf_cq_take(b.cq, 8 - nb, got_b + nb);
+        if (i == 100) /* b is on path 1 now: a's next send goes there at once */
+            CHECK(sf_qp_post_send(a.qp, &sends[4], &err) == SF_POSTED);
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(na == 6 && nb == 5);
+    for (int i = 0; i < 6; i++) /* in posting order, each once, every one a success */
+        CHECK(got_a[i].status == WC_SUCCESS && got_a[i].wr_id == (uint64_t)(i < 3 ? 10 + i : i == 3 ? 20 : 10 + i - 1));
+    CHECK(got_a[3].opcode == WCO_RDMA_READ && memcmp(ma + 128, "readme!", 8) == 0);
+    for (int i = 0; i < 5; i++)
+        CHECK(got_b[i].wr_id == (uint64_t)(100 + i) && got_b[i].status == WC_SUCCESS && mb[8 * i] == 'A' + i);
+    struct sf_news news[4];
+    CHECK(early[0].left == 0 && early[0].to == 1 && early[0].reason == SF_REASON_NIC_EVENT);
+    CHECK(early[0].moved == 0 && early[0].then_ns >= early[0].at_ns);
+    CHECK(news_of(&a, news, 4) == 1 && news[0].kind == SF_NEWS_RESUMED && news[0].to == 1);
+    CHECK(news[0].moved >= 1); /* the READ at least */
+    CHECK(news_of(&b, news, 4) == 2 && news[0].kind == SF_NEWS_SWITCHED && news[0].reason == SF_REASON_PEER);
+    CHECK(news[0].moved >= 2 && news[0].moved <= 4 && news[1].kind == SF_NEWS_RESUMED); /* those not yet taken */
+    CHECK(sf_qp_mode(a.qp) == SF_MODE_FAST && sf_qp_mode(b.qp) == SF_MODE_FAST);
+    CHECK(a.qp->path == 1 && b.qp->path == 1 && a.qp->phase == SF_STEADY && b.qp->phase == SF_STEADY);
+    CHECK(sc_qp_state(d0.a) == SC_QPS_ERR && sc_qp_state(d0.b) == SC_QPS_ERR); /* each side stopped path 0 */
+    struct sf_deferred item;
+    int told = 0;
+    while (sf_ctx_next_deferred(a.ctx, &item))
+        told += item.kind == SF_DEFER_NEWS;
+    CHECK(told == 2); /* each news is a nudge for the failover layer, and nothing else was left to it */
+    sf_ctx_link_up(a.ctx, 0);
+    CHECK(!sf_ctx_link_is_down(a.ctx, 0));
+    struct side *sides[2] = {&a, &b};
+    for (int i = 0; i < 2; i++) {
+        sf_qp_free(sides[i]->qp);
+        sf_cq_free(sides[i]->cq);
+        sf_ctx_free(sides[i]->ctx);
+    }
+    struct duo *duos[2] = {&d0, &d1};
+    for (int i = 0; i < 2; i++) {
+        sc_ctx_free(duos[i]->ca);
+        sc_ctx_free(duos[i]->cb);
+    }
+}
+
 int main(void) {
     test_wire_layout();
     test_wire_refuses_what_it_cannot_frame();
@@ -771,6 +928,7 @@ int main(void) {
     test_a_connected_pair();
     test_the_last_request_asks_for_its_ack();
     test_the_link_watch_reads_link_messages();
+    test_the_link_watch_raises_its_marks();
     test_a_peek_takes_what_the_progress_thread_made();
     test_a_wait_makes_its_own_completion();
     test_the_smaller_address_and_qpn_connects();
@@ -780,6 +938,7 @@ int main(void) {
     test_the_fast_path();
     test_the_fast_path_on_a_backup_path();
     test_a_drain_takes_only_its_qps_deferred_items();
+    test_the_failover_in_the_core();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
