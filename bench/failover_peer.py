@@ -39,7 +39,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from stream_peer import DEVICE, Orders, Verbs, hear, say
+from stream_peer import DEVICE, Orders, Verbs, hear, rss_kib, say
 
 from libshift.agent import Agent
 from libshift.notices import NicChange, NicState
@@ -56,14 +56,6 @@ IDLE_WAIT = 0.01  # the longest block on the channel, so that orders are noticed
 ANSWER_WITHIN = 30.0  # an order not met by then is answered anyway, saying so
 SPARE = 4  # room beyond the window on every QP (and receives beyond it): {"mark"}'s and {"arm"}'s WRs
 TICK_NS = 50_000  # while armed, a WR beyond the window this often
-
-
-def rss_kib() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 @dataclass

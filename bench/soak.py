@@ -27,11 +27,11 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from etcd_metrics import scrape
 from stream_peer import hear, say
 
 from libshift.agent import Agent
@@ -319,18 +319,8 @@ ETCD_WRITES = ("etcd_mvcc_put_total", "etcd_mvcc_delete_total", "etcd_mvcc_txn_t
 
 def etcd_counters(lab: Lab) -> dict[str, float]:
     """etcd's own write counters, from the first member's /metrics."""
-
-    def fetch() -> str:
-        with urllib.request.urlopen(f"http://{lab.etcd_endpoint}/metrics", timeout=10) as response:
-            return response.read().decode()
-
-    text = netns.run(lab.shape.mgmt_ns, fetch)
-    counters = dict.fromkeys(ETCD_WRITES, 0.0)
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in counters:
-            counters[name] = float(value)
-    return counters
+    samples = scrape(lab, lab.etcd_endpoint)
+    return {name: samples.get(name, 0.0) for name in ETCD_WRITES}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -25,6 +25,15 @@ DEVICE = "mlx5_0"
 T = TypeVar("T")
 
 
+def rss_kib() -> int:
+    """This process's resident memory, KiB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
 def say(**fields: object) -> None:
     print(json.dumps(fields), flush=True)
 

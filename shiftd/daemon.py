@@ -69,6 +69,7 @@ class Daemon:
             retry_max=config.etcd.retry_max_seconds,
             on_error=lambda kind: self.metrics.etcd_errors.labels(kind).inc(),
             security=EtcdSecurity.from_config(config.etcd),
+            spread=True,
         )
         try:
             specs = list(inventory.scan(config).nics)
@@ -365,9 +366,7 @@ class Daemon:
                  "registered" if registered else "left")  # fmt: skip
 
     async def lookup(self, key: str, wait: float) -> str | None:
-        if wait > 0:
-            return await self.registry.wait_for(key, wait)
-        return await self.registry.get(key)
+        return await self.registry.lookup(key, wait)
 
     def count_dropped(self, agent_id: str, cred: PeerCred, instance: str, dropped: int) -> None:
         """An agent's count of the reports it ever dropped, told with its register and every report."""

@@ -17,7 +17,15 @@ import aetcd
 from aetcd.utils import prefix_range_end
 
 from shiftd.registry_auth import EtcdSecurity
-from shiftd.registry_conn import Endpoint, EtcdLink, RegistryUnavailable, one_line, wait_event
+from shiftd.registry_cache import MAX_GROUPS, PeerCache
+from shiftd.registry_conn import (
+    Endpoint,
+    EtcdLink,
+    RegistryUnavailable,
+    one_line,
+    spread_endpoints,
+    wait_event,
+)
 from shiftd.registry_watch import PUT, WatchEvent, watch_range
 
 __all__ = ["EtcdSecurity", "Registry", "RegistryUnavailable", "WatchEvent"]
@@ -41,10 +49,17 @@ class Registry:
         retry_max: float = 5.0,
         on_error: Callable[[str], None] | None = None,
         security: EtcdSecurity | None = None,
+        spread: bool = False,
+        peer_cache: bool = True,
     ) -> None:
+        """`spread`: start with a member chosen by the host's name, not the first (a fleet's daemons
+        then share the members, and a member's loss moves a third of them, not all); `peer_cache`:
+        lookups of peers' mappings from the cache (registry_cache.py)."""
         self.host = host
         self.prefix = prefix.rstrip("/") + "/"
         self.lease_ttl = lease_ttl
+        if spread:
+            endpoints = spread_endpoints(endpoints, host)
         self._link = EtcdLink(endpoints, timeout, retry_initial, retry_max, on_error, security)
         self._desired: dict[str, str] = {}  # full key -> value this daemon wants in etcd
         self._written: dict[str, str] = {}  # full key -> value in etcd under our lease
@@ -55,6 +70,7 @@ class Registry:
         self._next_refresh = 0.0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.cache = PeerCache(self._link, self.prefix, max_groups=MAX_GROUPS if peer_cache else 0)
 
     # ---- state the daemon reads -------------------------------------------------------------
 
@@ -66,6 +82,11 @@ class Registry:
     def pending(self) -> int:
         """Writes (puts and deletes) not yet known to be in etcd."""
         return len(self._dirty)
+
+    @property
+    def running(self) -> bool:
+        """The reconciler runs: started, not stopped, and not ended by anything else."""
+        return self._task is not None and not self._task.done()
 
     @property
     def lease_id(self) -> int | None:
@@ -96,6 +117,7 @@ class Registry:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         self._task = None
+        await self.cache.close()
         if revoke and self._lease_id is not None:
             try:
                 await asyncio.wait_for(self._link.client.revoke_lease(self._lease_id), self._link.timeout)
@@ -158,23 +180,32 @@ class Registry:
                     self._lease_lost()
                 elif self._lease_id is not None:
                     self._audit = True
-                await asyncio.sleep(backoff.next())
+                delay = backoff.next()
+                if self._lease_id is not None:  # the next pass refreshes the lease first: in time
+                    delay = min(delay, self.lease_ttl / 3)
+                await asyncio.sleep(delay)
 
     async def _sync(self) -> None:
         """One pass: check the lease, keep it alive, write what differs."""
         loop = asyncio.get_running_loop()
         self._wake.clear()
+        # The keep-alive comes first, and between batches: when etcd is slow (a burst, an election)
+        # the audit and the writes time out and back off, and the lease must not lapse meanwhile.
+        await self._refresh_if_due()
         if self._lease_id is not None and self._audit:
             await self._audit_lease()
-        if self._lease_id is not None and loop.time() >= self._next_refresh:
-            await self._keepalive()
         if self._lease_id is None:
             lease = await self._link.client.lease(self.lease_ttl)
             self._lease_id = lease.id
             self._next_refresh = loop.time() + self.lease_ttl / 3
             log.info("etcd: lease %x granted for %s (ttl %ss)", lease.id, self.host, lease.ttl)
-        while self._dirty:
+        while self._dirty and self._lease_id is not None:
             await self._flush()
+            await self._refresh_if_due()
+
+    async def _refresh_if_due(self) -> None:
+        if self._lease_id is not None and asyncio.get_running_loop().time() >= self._next_refresh:
+            await self._keepalive()
 
     async def _idle(self) -> None:
         """Sleep until a put/delete arrives or the lease is due for a refresh."""
@@ -286,6 +317,32 @@ class Registry:
         return batch
 
     # ---- lookups and watches --------------------------------------------------------------------
+
+    async def lookup(self, key: str, wait: float = 0.0) -> str | None:
+        """A peer's mapping as an agent's lookup asks for it: waiting up to `wait` s for it to appear.
+
+        Peers' QP and MR mappings come from the cache (registry_cache.py): the first lookup of a peer
+        NIC reads its mappings and follows them with one watch, the later ones cost etcd nothing. A key
+        the cache lacks with no wait is read from etcd itself, so "not published" stays exact.
+        RegistryUnavailable as for `get` and `wait_for`.
+        """
+        own = self._full(key)
+        group = self.cache.group(key) if own not in self._dirty else None
+        if group is None:
+            return await (self.wait_for(key, wait) if wait > 0 else self.get(key))
+        try:
+            value = await group.answer(key, wait, self._link.timeout)
+        except TimeoutError:
+            raise RegistryUnavailable(
+                f"etcd at {self._link.describe()} unreachable while reading {key}"
+            ) from None
+        if value is not None:
+            return value
+        if wait <= 0:
+            return await self.get(key)  # rare (a peer without a backup): etcd's own word on it
+        if not self.connected:
+            raise RegistryUnavailable(f"etcd at {self._link.describe()} unreachable while waiting for {key}")
+        return None
 
     async def get(self, key: str) -> str | None:
         """The value of `key` (relative), or None; RegistryUnavailable if etcd does not answer in time.

@@ -14,6 +14,7 @@ import contextlib
 import ipaddress
 import logging
 import random
+import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -69,6 +70,16 @@ def grpc_target(endpoints: list[Endpoint]) -> tuple[str, int]:
         target = "ipv6:" + ",".join(f"[{h}]:{p}" for h, p in endpoints)
     host, _, port = target.rpartition(":")
     return host, int(port)
+
+
+def spread_endpoints(endpoints: list[Endpoint], host: str) -> list[Endpoint]:
+    """The endpoints rotated by a hash of the host's name: pick_first then starts each daemon on its
+    own member (the same one every time), so a fleet shares the members out instead of all using the
+    first, and a member's loss moves only the daemons that were on it."""
+    if len(endpoints) < 2:
+        return list(endpoints)
+    turn = zlib.crc32(host.encode()) % len(endpoints)
+    return endpoints[turn:] + endpoints[:turn]
 
 
 def tls_server_name(endpoints: list[Endpoint], security: EtcdSecurity) -> str:
@@ -166,7 +177,10 @@ class EtcdLink:
             # gRPC's own reconnect backoff grows to 120 s by default: cap it at ours so that a
             # restarted etcd is found within retry_max.
             "grpc.initial_reconnect_backoff_ms": _ms(self.retry_initial),
-            "grpc.min_reconnect_backoff_ms": _ms(self.retry_initial),
+            # gRPC gives a connection attempt this long (its MIN_CONNECT_TIMEOUT): at retry_initial
+            # (0.2 s), a loaded etcd's handshakes timed out over and over after a member's loss (a
+            # fleet of 300 reconnecting at once, bench/fleet_scale.py); the registry's timeout it is.
+            "grpc.min_reconnect_backoff_ms": _ms(max(self.retry_initial, self.timeout)),
             "grpc.max_reconnect_backoff_ms": _ms(self.retry_max),
             # A member that is alive to TCP but answers nothing (frozen, overloaded, cut off
             # without RST) must lose its connection, or pick_first keeps sending every call,
@@ -175,6 +189,10 @@ class EtcdLink:
             # keepalive ping while another ping is unanswered: bound every ping by the timeout.
             # Pings every 6 s: etcd's floor is 5 s (--grpc-keepalive-min-time), closer gets GOAWAY.
             "grpc.keepalive_time_ms": 6_000,
+            # A connection of its own: gRPC shares one between channels of a process with the same
+            # target, and the fleet bench's hundreds of registries in one process then put every
+            # call and watch on one HTTP/2 connection, which no daemon does.
+            "grpc.use_local_subchannel_pool": 1,
             "grpc.keepalive_timeout_ms": _ms(self.timeout),
             "grpc.http2.ping_timeout_ms": _ms(self.timeout),
         }

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import NamedTuple
 
 import aetcd
@@ -55,11 +55,13 @@ async def watch_range(
     strip: int,
     start_revision: int | None = None,
     resync: bool = False,
+    on_synced: Callable[[], None] | None = None,
 ) -> AsyncIterator[WatchEvent]:
     """Events on [key, range_end) until the registry stops; keys lose their first `strip` bytes.
 
     With `resync` the iterator starts with the current state (a get followed by a watch, with no
-    gap between them); with `start_revision` it starts at that revision.
+    gap between them); with `start_revision` it starts at that revision. `on_synced` is called
+    each time the events so far add up to the whole current state (after each such read).
     """
     next_rev = start_revision
     present: set[bytes] = set()  # keys whose last emitted event was a PUT
@@ -76,6 +78,8 @@ async def watch_range(
                 for kv in kvs:
                     yield WatchEvent(PUT, kv.key[strip:].decode(), kv.value.decode(), kv.mod_revision)
                 present, next_rev, resync = set(now), revision + 1, False
+                if on_synced is not None:
+                    on_synced()
             stub = await link.watch_stub()
             call = stub.Watch()
             try:

@@ -1,17 +1,20 @@
 """Real etcd members for tests (one member, or a three-member cluster), ended by PID at teardown.
 
-Import the fixtures into a test module: `from etcd_fixtures import etcd, etcd_cluster, etcd_member`.
+Import the fixtures into a test module: `from etcd_fixtures import etcd, etcd_cluster, etcd_member`;
+`out_of_reach` cuts a registry off from a member while etcd moves on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from shiftlab.etcdproc import EtcdProcess
+from shiftlab.etcdproc import EtcdProcess, free_port
 
 
 @pytest.fixture
@@ -48,3 +51,19 @@ def etcd_cluster(tmp_path: Path) -> Iterator[list[EtcdProcess]]:
     finally:
         for member in members:
             member.kill()
+
+
+@contextlib.asynccontextmanager
+async def out_of_reach(member: EtcdProcess) -> AsyncIterator[None]:
+    """The member on its own data, but on a port the registry does not know, for the block's length.
+
+    What happens inside the block (writes, compactions) happens while the registry is cut off.
+    """
+    home = member.client_port
+    member.kill()
+    member.client_port = free_port()
+    await asyncio.to_thread(member.start)
+    yield
+    member.kill()
+    member.client_port = home
+    await asyncio.to_thread(member.start)

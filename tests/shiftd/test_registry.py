@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import logging
 import shutil
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from etcd_fixtures import out_of_reach
 
 from shiftd.registry import Registry, RegistryUnavailable, WatchEvent
 from shiftlab.etcdproc import EtcdProcess, free_port
@@ -105,22 +105,6 @@ async def seen(into: list[WatchEvent], want: Callable[[list[WatchEvent]], bool],
             return False
         await asyncio.sleep(0.05)
     return True
-
-
-@contextlib.asynccontextmanager
-async def out_of_reach(member: EtcdProcess) -> AsyncIterator[None]:
-    """The member on its own data, but on a port the registry does not know, for the block's length.
-
-    What happens inside the block (writes, compactions) happens while the registry is cut off.
-    """
-    home = member.client_port
-    member.kill()
-    member.client_port = free_port()
-    await asyncio.to_thread(member.start)
-    yield
-    member.kill()
-    member.client_port = home
-    await asyncio.to_thread(member.start)
 
 
 def test_free_ports_are_never_handed_out_twice() -> None:
