@@ -22,7 +22,7 @@ cdef extern from "fastpath.h" nogil:
     enum:
         SF_PATHS
         SF_MODE_PYTHON, SF_MODE_FAST
-        SF_DEFER_WC, SF_DEFER_OVERFLOW, SF_DEFER_NOTIFY, SF_DEFER_NEWS
+        SF_DEFER_WC, SF_DEFER_OVERFLOW, SF_DEFER_NOTIFY
         SF_NEWS_MAX
 
     enum sf_post:
@@ -35,7 +35,7 @@ cdef extern from "fastpath.h" nogil:
 
     struct sf_news:
         uint32_t kind, left, to, reason, moved
-        int64_t at_ns, then_ns
+        int64_t at_ns, stopped_ns, then_ns
 
     struct sf_entry:
         uint64_t id
@@ -66,6 +66,7 @@ cdef extern from "fastpath.h" nogil:
     int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, uint32_t qpn, sf_deferred *out)
     int sf_ctx_backup_hot(const sf_ctx *ctx)
     void sf_ctx_heat_backups(sf_ctx *ctx)
+    int sf_ctx_take_news(sf_ctx *ctx)
     void sf_ctx_lock(sf_ctx *ctx)
     void sf_ctx_unlock(sf_ctx *ctx)
     void sf_ctx_links_act(void *ctx)

@@ -70,6 +70,7 @@ struct sf_qp {
     uint32_t target_rkey[SF_PATHS];
     uint32_t counted;               /* a bit per path: the peer's count came there, not yet acted on */
     uint32_t peer_count[SF_PATHS];
+    int64_t counted_at[SF_PATHS];   /* when it came */
     uint32_t wants;                 /* SF_WANT_*: why it is on the context's work list */
     sf_qp *next_work;
     int queued;
@@ -97,6 +98,7 @@ struct sf_ctx {
     int64_t backup_hot;
     uint32_t links_down;  /* a bit per path, raised by any thread (atomically): its link was seen down */
     uint32_t links_acted; /* the bits of links_down a pass has acted on */
+    int news;             /* a QP has news since sf_ctx_take_news */
     sf_qp *work, *work_tail; /* QPs with a switch or a resume to make, in the order they asked */
 };
 

@@ -49,8 +49,13 @@ int sf_qp_news(sf_qp *qp, struct sf_news *out, int max) {
 
 static void tell(sf_qp *qp, const struct sf_news *news) {
     qp->news[qp->news_count++] = *news; /* room checked before the switch began */
-    struct sf_deferred item = {.kind = SF_DEFER_NEWS, .wc = {.qp_num = qp->qpn[0]}};
-    sf_ctx_defer(qp->ctx, &item);
+    qp->ctx->news = 1;
+}
+
+int sf_ctx_take_news(sf_ctx *ctx) {
+    int news = ctx->news;
+    ctx->news = 0;
+    return news;
 }
 
 /* -- the work list ----------------------------------------------------------------------------------------- */
@@ -206,6 +211,7 @@ static void switch_to(sf_qp *qp, int to, uint32_t reason) {
         qp->phase = SF_STEADY;
         return; /* its CQ overflowed meanwhile: the failover layer fails it */
     }
+    news.stopped_ns = sf_now_ns();
     qp->path = to;
     qp->armed &= ~bit(left);
     qp->counted &= ~bit(left); /* a count on the path left belongs to a handshake that is over */
@@ -251,7 +257,7 @@ static void settle(sf_qp *qp, struct sf_entry *e, uint32_t status) {
 
 static void resume(sf_qp *qp) {
     struct sf_news news = {.kind = SF_NEWS_RESUMED, .left = (uint32_t)qp->path, .to = (uint32_t)qp->path,
-                           .at_ns = sf_now_ns()};
+                           .at_ns = qp->counted_at[qp->path]};
     qp->counted &= ~bit(qp->path);
     /* the peer's full count from its low 32 bits: it lies within our two-sided sends */
     int64_t has = qp->sent_two_sided - (int64_t)(uint32_t)((uint64_t)qp->sent_two_sided - qp->peer_count[qp->path]);
@@ -307,6 +313,7 @@ int sf_switch_control(sf_qp *qp, int path, const struct sc_wc *wc) {
     if (!follows && !resumes)
         return 0;
     qp->peer_count[path] = wc->imm_data;
+    qp->counted_at[path] = sf_now_ns();
     qp->counted |= bit(path);
     sf_switch_want(qp, SF_WANT_COUNT);
     return 1;

@@ -39,7 +39,6 @@ enum sf_deferred_kind {
     SF_DEFER_WC = 0,       /* a provider completion of `path` for the failover layer */
     SF_DEFER_OVERFLOW = 1, /* the QP (wc.qp_num, its default QPN) overflowed its CQ: it must fail */
     SF_DEFER_NOTIFY = 2,   /* the armed CQ `cookie` got a completion: tell its channel */
-    SF_DEFER_NEWS = 3,     /* the QP (wc.qp_num, its default QPN) switched or resumed here: sf_qp_news */
 };
 
 /* What a switch made here tells the failover layer (sf_qp_news), so that its view of the QP follows. */
@@ -53,8 +52,9 @@ enum sf_reason {
 };
 struct sf_news {
     uint32_t kind, left, to, reason, moved;
-    int64_t at_ns, then_ns; /* SWITCHED: when it began, when the count was sent; RESUMED: when the peer's
-                               count was taken, when the replay was posted (CLOCK_MONOTONIC) */
+    /* CLOCK_MONOTONIC. SWITCHED: when it began, when the old path was stopped and drained, when the count
+     * was sent; RESUMED: when the peer's count was taken, -, when the replay was posted */
+    int64_t at_ns, stopped_ns, then_ns;
 };
 #define SF_NEWS_MAX 8 /* news a QP keeps until the failover layer reads it; past it, switches are left to it */
 
@@ -123,6 +123,9 @@ void sf_ctx_link_down(sf_ctx *ctx, int path);
 int sf_ctx_link_is_down(const sf_ctx *ctx, int path);
 /* The link of `path` carries traffic again (shiftd's UP, after its flap damping). */
 void sf_ctx_link_up(sf_ctx *ctx, int path);
+/* Whether a QP has news (sf_qp_news) since the last call; the flag is cleared. The failover layer follows
+ * them off the application's poll (its watcher), and before it acts on a QP. */
+int sf_ctx_take_news(sf_ctx *ctx);
 /* Whether a backup path carried traffic within SF_BACKUP_HOT_NS. */
 int sf_ctx_backup_hot(const sf_ctx *ctx);
 /* Drive the backup paths on every pass for SF_BACKUP_HOT_NS from now, as if they had carried traffic: a

@@ -10,7 +10,7 @@ from libshift.vocabulary.errors import CQOverflowError
 from libshift.vocabulary.wr import SGE, WC
 
 FAST_POSTED, FAST_NEW_RKEY, FAST_NOT_FAST, FAST_QUEUE_FULL, FAST_REFUSED = range(5)
-DEFER_WC, DEFER_OVERFLOW, DEFER_NOTIFY, DEFER_NEWS = range(4)
+DEFER_WC, DEFER_OVERFLOW, DEFER_NOTIFY = range(3)
 NEWS_SWITCHED, NEWS_RESUMED = 1, 2
 REASON_NIC_EVENT, REASON_PEER = 1, 2
 DEF FAST_BATCH = 64
@@ -119,6 +119,16 @@ cdef class FastContext:
             f.sf_ctx_lock(self.ptr)
             f.sf_ctx_heat_backups(self.ptr)
             f.sf_ctx_unlock(self.ptr)
+
+    def take_news(self):
+        """Whether a QP has switched or resumed in the core since the last call (FastQP.news says how)."""
+        cdef int news
+        if self.ptr is NULL:
+            return False
+        f.sf_ctx_lock(self.ptr)
+        news = f.sf_ctx_take_news(self.ptr)
+        f.sf_ctx_unlock(self.ptr)
+        return bool(news)
 
     def link_mark(self, int path):
         """What link_next raises, from the link watch's thread, when the link of `path` is seen down: the
@@ -339,7 +349,7 @@ cdef class FastQP:
 
     def news(self):
         """The switches made in the core since the last call, oldest first: (kind, left, to, reason, moved,
-        at_ns, then_ns) each (fastpath.h's sf_news)."""
+        at_ns, stopped_ns, then_ns) each (fastpath.h's sf_news)."""
         cdef f.sf_news got[f.SF_NEWS_MAX]
         cdef int n, i
         if self.ptr is NULL:
@@ -347,8 +357,8 @@ cdef class FastQP:
         f.sf_ctx_lock(self.ctx.ptr)
         n = f.sf_qp_news(self.ptr, got, f.SF_NEWS_MAX)
         f.sf_ctx_unlock(self.ctx.ptr)
-        return [(got[i].kind, got[i].left, got[i].to, got[i].reason, got[i].moved, got[i].at_ns, got[i].then_ns)
-                for i in range(n)]
+        return [(got[i].kind, got[i].left, got[i].to, got[i].reason, got[i].moved, got[i].at_ns,
+                 got[i].stopped_ns, got[i].then_ns) for i in range(n)]
 
     @property
     def fast(self):

@@ -1,5 +1,7 @@
 # The core's link watch (linkwatch.h): rtnetlink's link messages on sockets the caller opened, read in C.
 
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
 DEF LINK_EVENTS = 64
 DEF LINK_SOCKETS = 63  # and the wake-up's eventfd: sc_link_wait looks at 64 fds
 
@@ -7,12 +9,12 @@ DEF LINK_SOCKETS = 63  # and the wake-up's eventfd: sc_link_wait looks at 64 fds
 def link_next(fds, int wake, watched, int timeout_ms=-1):
     """Wait up to timeout_ms (-1: forever) for the non-blocking NETLINK_ROUTE sockets `fds` (at most 63) or
     the eventfd `wake`, read every link message that came about the watched links, and raise the mark of
-    each one seen down, all without the interpreter lock: the fast path's next pass acts on a mark at once,
-    while this thread may wait milliseconds for the lock; a mark's `act` (FastContext.link_mark: the fast
-    path's switch) is called here too, after the bits. `watched`: (source, ifindex, mark) each, source the
-    socket's place in `fds`, mark (word address, bit, act address, its argument) or None. Returns (woken, events, errors): events (source,
-    ifindex, up, gone); errors (source, errno) of the sockets whose read failed (ENOBUFS: the kernel dropped
-    messages, ask the links' state again)."""
+    each one seen down, all without the interpreter lock: a mark's `act` (FastContext.link_mark: the fast
+    path's switch) is called here, after the bits, while this thread may then wait milliseconds for the
+    lock. `watched`: (source, ifindex, mark) each, source the socket's place in `fds`, mark (word address,
+    bit, act address, its argument) or None. Returns (woken, events, errors, seen_ns): events (source,
+    ifindex, up, gone); errors (source, errno) of the sockets whose read failed (ENOBUFS: the kernel
+    dropped messages, ask the links' state again); seen_ns, CLOCK_MONOTONIC when the wait ended."""
     cdef int n = min(len(fds), LINK_SOCKETS)
     cdef int count = len(watched)
     cdef int polled[LINK_SOCKETS + 1]
@@ -21,6 +23,7 @@ def link_next(fds, int wake, watched, int timeout_ms=-1):
     cdef lw.sc_link_mark *marks = <lw.sc_link_mark *>malloc(max(count, 1) * sizeof(lw.sc_link_mark))
     cdef lw.sc_link_event *events = <lw.sc_link_event *>malloc(max(n, 1) * LINK_EVENTS * sizeof(lw.sc_link_event))
     cdef int64_t ready
+    cdef timespec seen
     cdef int i, got, total = 0
     try:
         if links is NULL or marks is NULL or events is NULL:
@@ -36,6 +39,7 @@ def link_next(fds, int wake, watched, int timeout_ms=-1):
             marks[i].act, marks[i].arg = <void (*)(void *) noexcept nogil><uintptr_t>act, <void *><uintptr_t>arg
         with nogil:
             ready = lw.sc_link_wait(polled, n + 1, timeout_ms)
+            clock_gettime(CLOCK_MONOTONIC, &seen)
             for i in range(n):
                 if ready > 0 and ready >> i & 1:
                     got = lw.sc_link_read(polled[i], i, links, count, events + total, LINK_EVENTS)
@@ -49,7 +53,8 @@ def link_next(fds, int wake, watched, int timeout_ms=-1):
         woken = ready > 0 and bool(ready >> n & 1)
         found = [(events[i].source, events[i].ifindex, bool(events[i].up), bool(events[i].gone))
                  for i in range(total)]
-        return woken, found, [(i, failed[i]) for i in range(n) if failed[i]]
+        seen_ns = seen.tv_sec * 1_000_000_000 + seen.tv_nsec
+        return woken, found, [(i, failed[i]) for i in range(n) if failed[i]], seen_ns
     finally:
         free(links)
         free(marks)

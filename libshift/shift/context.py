@@ -160,7 +160,7 @@ class ShiftContext:
 
     def _deferred(self, kind: int, path: int, cookie: int, wc: WC) -> None:
         """What the fast path hands over (under the lock): a completion for the failover layer, a QP that
-        overflowed its CQ (or could not go on after a switch), an armed CQ's event, a switch it made."""
+        overflowed its CQ (or could not go on after a switch), an armed CQ's event."""
         if kind == self.fastpath.DEFER_NOTIFY:
             cq = self.cqs.get(cookie)
             if cq is not None:
@@ -168,9 +168,6 @@ class ShiftContext:
             return
         qp = self.qps.get((PATHS[path], wc.qp_num))
         if qp is None:
-            return
-        if kind == self.fastpath.DEFER_NEWS:
-            qp.switcher.follow_core()
             return
         if kind == self.fastpath.DEFER_OVERFLOW:
             qp.fail()  # as on an RNIC: the QP goes to ERR and the rest flushes (into the lost CQ)
@@ -254,6 +251,7 @@ class ShiftContext:
                     for cq in self._armable(path):
                         cq.req_notify()
                 self.progress(everything=True)
+                self._follow_core()
                 if path != PRIMARY:
                     self._scan()
             except VerbsError as exc:  # a refused control verb: say so, keep watching the other QPs
@@ -265,6 +263,17 @@ class ShiftContext:
                 continue
             finally:
                 self._waiting.discard(path)
+
+    def _follow_core(self) -> None:
+        """Follow the switches the core made (their news), here rather than in the application's poll:
+        after a thousand QPs moved at once, following them all cost the application's next poll tens of
+        milliseconds. Whatever acts on a QP follows it first anyway (Switcher.follow_core)."""
+        if self.fast.take_news():
+            with self.lock:
+                qps = set(self.qps.values())
+            for qp in qps:
+                with self.lock:
+                    qp.switcher.follow_core()
 
     def _scan(self) -> None:
         """Act on the control messages (REARM/ARMED: writes, which raise no completion), retry default
@@ -305,16 +314,17 @@ class ShiftContext:
             return  # the link watch was first: its move is made
         self._device_event(path, down, "nic_event")
 
-    def _link_down(self, path: str) -> None:
-        """The link watch's word (its thread): the link of `path`'s netdev stopped carrying traffic. It
-        counts as down until shiftd says UP, which its flap damping holds back until the link is stable."""
+    def _link_down(self, path: str, seen_ns: int) -> None:
+        """The link watch's word (its thread): the link of `path`'s netdev stopped carrying traffic, as it
+        read at seen_ns (the core moved the QPs it could then). It counts as down until shiftd says UP,
+        which its flap damping holds back until the link is stable."""
         if path in self._links_down:
             return  # a later message of the same failure (the operstate follows the carrier)
         log.debug("link watch: %s (the %s path) lost its link", self.devices[path].name, path)
         self._links_down.add(path)
-        self._device_event(path, True, "link_event")
+        self._device_event(path, True, "link_event", seen_ns)
 
-    def _device_event(self, path: str, down: bool, source: str) -> None:
+    def _device_event(self, path: str, down: bool, source: str, seen_ns: int | None = None) -> None:
         """The default's DOWN is the fastest detection (the link watch's or shiftd's, before any error
         completion), its UP starts the failback; a backup's DOWN moves the traffic on it along, its UP
         re-arms it. A second DOWN finds nothing left to move.
@@ -323,7 +333,7 @@ class ShiftContext:
         already, on the link watch's mark); what it leaves (a QP in the middle of something, or one whose
         keys on the backup are still to be looked up) is moved here."""
         if path == PRIMARY and down:
-            steps.note(0, source)
+            steps.note(0, source, seen_ns)
         if down:
             self.fast.link_down(depth(path))
             self.progress()

@@ -37,16 +37,16 @@ Mark = tuple[int, int, int, int]  # FastContext.link_mark: raised in C, and acte
 
 
 class LinkWatch:
-    """Calls `on_down(key)` on its own thread when the link of the netdev named for `key` stops carrying
-    traffic, once per failure (the kernel says it in several messages: the carrier, then the operstate).
-    `netdevs` maps each key to its (netdev, namespace); a netdev that cannot be found is left out, with a
-    warning. `marks` maps a key to the mark the core raises, without the interpreter lock, before that
-    call."""
+    """Calls `on_down(key, seen_ns)` on its own thread when the link of the netdev named for `key` stops
+    carrying traffic (seen_ns: when the watch read it, CLOCK_MONOTONIC), once per failure (the kernel says
+    it in several messages: the carrier, then the operstate). `netdevs` maps each key to its (netdev,
+    namespace); a netdev that cannot be found is left out, with a warning. `marks` maps a key to the mark
+    the core raises, and acts on, without the interpreter lock, before that call."""
 
     def __init__(
         self,
         netdevs: dict[str, Netdev],
-        on_down: Callable[[str], None],
+        on_down: Callable[[str, int], None],
         name: str,
         marks: dict[str, Mark] | None = None,
     ) -> None:
@@ -82,7 +82,7 @@ class LinkWatch:
         watched = [(*link, self._marks.get(key)) for link, key in self._keys.items()]
         while True:
             try:
-                woken, events, failures = link_next(fds, self._wake, watched)
+                woken, events, failures, seen_ns = link_next(fds, self._wake, watched)
             except OSError as exc:
                 log.warning("link watch stopped: %s", exc)
                 return
@@ -99,11 +99,11 @@ class LinkWatch:
                     self._down.discard(key)
                 elif key not in self._down:
                     self._down.add(key)
-                    self._tell(key)
+                    self._tell(key, seen_ns)
 
-    def _tell(self, key: str) -> None:
+    def _tell(self, key: str, seen_ns: int) -> None:
         try:
-            self._on_down(key)
+            self._on_down(key, seen_ns)
         except Exception:  # the watch must outlive one failed reaction: the next link event still counts
             log.exception("link watch: acting on %s's link going down failed", key)
 

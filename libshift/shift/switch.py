@@ -164,18 +164,20 @@ class Switcher:
     def follow_core(self) -> None:
         """Follow the switches the core made since we last looked: before anything here acts on the QP,
         under the context's lock, so that it acts on where the QP is."""
-        for kind, left, to, reason, moved, at_ns, then_ns in self.qp.fast.news():
+        for kind, left, to, reason, moved, at_ns, stopped_ns, then_ns in self.qp.fast.news():
             if kind == NEWS_SWITCHED:
                 why = "nic_event" if reason == REASON_NIC_EVENT else "peer_notification"
-                self.core_switched(PATHS[left], PATHS[to], why, moved, at_ns, then_ns)
+                self.core_switched(PATHS[left], PATHS[to], why, moved, (at_ns, stopped_ns, then_ns))
             else:
                 self.core_resumed(moved, at_ns, then_ns)
 
-    def core_switched(self, left: str, to: str, reason: str, moved: int, began_ns: int, sent_ns: int) -> None:
-        """The core left `left` for `to` in the QP's steady state, and sent our count: follow it here."""
+    def core_switched(self, left: str, to: str, reason: str, moved: int, moments: tuple[int, ...]) -> None:
+        """The core left `left` for `to` in the QP's steady state, and sent our count: follow it here.
+        `moments`: when it began, had stopped the old path, sent the count (CLOCK_MONOTONIC ns)."""
         qp = self.qp
-        steps.note(qp.qp_num, "switch", began_ns)
-        steps.note(qp.qp_num, "count_sent", sent_ns)
+        began_ns = moments[0]
+        for step, at_ns in zip(("switch", "old_path_stopped", "count_sent"), moments, strict=True):
+            steps.note(qp.qp_num, step, at_ns)
         qp.states.step(Transition.STOP)
         self._left(left, to)
         self._move = Move(reason, began_ns / 1e9, moved, left)

@@ -8,6 +8,7 @@ import os
 import queue
 import subprocess
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -25,21 +26,28 @@ def pair():
         yield pair
 
 
+def keys_to(told: queue.Queue[str]) -> Callable[[str, int], None]:
+    return lambda key, _seen_ns: told.put(key)
+
+
 def test_a_watched_link_losing_its_carrier_is_told_and_its_return_is_not(pair: VethPair) -> None:
-    """h1's end going down takes h0's carrier: the key of h0's netdev is told, once per failure; the
-    carrier's return is shiftd's to judge (flap damping), so nothing is said of it."""
-    told: queue.Queue[str] = queue.Queue()
+    """h1's end going down takes h0's carrier: the key of h0's netdev is told, once per failure, with the
+    moment the watch read it; the carrier's return is shiftd's to judge (flap damping), so nothing is said
+    of it."""
+    told: queue.Queue[tuple[str, int]] = queue.Queue()
     h0 = pair.hosts[0]
-    watch = LinkWatch({"primary": (h0.netdev, h0.netns)}, told.put, "test")
+    watch = LinkWatch({"primary": (h0.netdev, h0.netns)}, lambda key, seen: told.put((key, seen)), "test")
     try:
         assert watch.watched == {"primary"}
+        before = time.monotonic_ns()
         pair.down(1)
-        assert told.get(timeout=5) == "primary"
+        key, seen = told.get(timeout=5)
+        assert key == "primary" and before < seen <= time.monotonic_ns()
         pair.restore(1)
         time.sleep(QUIET)
         assert told.empty()  # the failure's later messages and the return said nothing more
         pair.down(1)
-        assert told.get(timeout=5) == "primary"  # every failure, the second too
+        assert told.get(timeout=5)[0] == "primary"  # every failure, the second too
     finally:
         watch.close()
     assert not watch._thread.is_alive()  # the close really ended the thread
@@ -50,7 +58,7 @@ def test_only_the_watched_links_are_told(pair: VethPair) -> None:
     namespace's link with the same name is another link."""
     told: queue.Queue[str] = queue.Queue()
     h0, h1 = pair.hosts
-    watch = LinkWatch({"primary": (h0.netdev, h0.netns)}, told.put, "test")
+    watch = LinkWatch({"primary": (h0.netdev, h0.netns)}, keys_to(told), "test")
     try:
         subprocess.run(["ip", "-n", h0.netns, "link", "set", "lo", "down"], check=True)
         subprocess.run(["ip", "-n", h1.netns, "link", "set", h1.netdev, "mtu", "1400"], check=True)
@@ -63,7 +71,8 @@ def test_only_the_watched_links_are_told(pair: VethPair) -> None:
 def test_a_netdev_that_is_not_there_is_left_out(pair: VethPair, caplog: pytest.LogCaptureFixture) -> None:
     h0 = pair.hosts[0]
     with caplog.at_level(logging.WARNING, logger="libshift.shift"):
-        watch = LinkWatch({"primary": (h0.netdev, h0.netns), "backup": ("nosuchnic0", h0.netns)}, print, "t")
+        netdevs = {"primary": (h0.netdev, h0.netns), "backup": ("nosuchnic0", h0.netns)}
+        watch = LinkWatch(netdevs, keys_to(queue.Queue()), "t")
     try:
         assert watch.watched == {"primary"}
         assert "no link watch on nosuchnic0" in caplog.text
@@ -76,7 +85,7 @@ def test_a_failing_reaction_does_not_stop_the_watch(pair: VethPair) -> None:
     told: queue.Queue[str] = queue.Queue()
     calls = []
 
-    def react(key: str) -> None:
+    def react(key: str, _seen_ns: int) -> None:
         calls.append(key)
         if len(calls) == 1:
             raise RuntimeError("refused")
