@@ -1,6 +1,7 @@
-/* The failover of a fast-mode shift QP, made in the core on the thread that makes progress, with no Python
- * in the way (docs/failover.md, "The switch in the core"): the same steps as the failover layer's
- * (libshift/shift/switch.py), for a QP in its steady state whose path fails.
+/* The failover of a fast-mode shift QP, made in the core with no Python in the way, on the thread that
+ * meets its cause: the link watch's, or the one whose pass takes the peer's count (docs/core.md, "The
+ * switch in the core"). The same steps as the failover layer's (libshift/shift/switch.py), for a QP in its
+ * steady state whose path fails.
  *
  * Leave: the path in use goes to ERR and its CQs are drained (what completed there counts, what failed
  * stays outstanding), the receives move to the new path, our count of completed two-sided receives goes

@@ -265,9 +265,8 @@ class ShiftContext:
                 self._waiting.discard(path)
 
     def _follow_core(self) -> None:
-        """Follow the switches the core made (their news), here rather than in the application's poll:
-        after a thousand QPs moved at once, following them all cost the application's next poll tens of
-        milliseconds. Whatever acts on a QP follows it first anyway (Switcher.follow_core)."""
+        """Follow the switches the core made, here, not in the application's poll (a thousand QPs moved at
+        once cost a poll tens of ms); whatever acts on a QP follows it first anyway."""
         if self.fast.take_news():
             with self.lock:
                 qps = set(self.qps.values())
@@ -327,11 +326,8 @@ class ShiftContext:
     def _device_event(self, path: str, down: bool, source: str, seen_ns: int | None = None) -> None:
         """The default's DOWN is the fastest detection (the link watch's or shiftd's, before any error
         completion), its UP starts the failback; a backup's DOWN moves the traffic on it along, its UP
-        re-arms it. A second DOWN finds nothing left to move.
-
-        A DOWN is the core's first: its pass moves every QP in the steady state off the path (it may have
-        already, on the link watch's mark); what it leaves (a QP in the middle of something, or one whose
-        keys on the backup are still to be looked up) is moved here."""
+        re-arms it. A second DOWN finds nothing left to move. A DOWN is the core's first: its pass moves the
+        QPs in their steady state (fast_switch.c); what it leaves is moved here."""
         if path == PRIMARY and down:
             steps.note(0, source, seen_ns)
         if down:
