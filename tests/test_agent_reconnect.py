@@ -43,10 +43,15 @@ class StandIn(agent_pb2_grpc.AgentServicer):
         self.registers.append(request)
         return agent_pb2.RegisterResponse(agent_id=f"a{len(self.registers)}", host="t0")
 
+    def issued(self) -> set[str]:
+        return {f"a{n}" for n in range(1, len(self.registers) + 1)}
+
     def Unregister(self, request, context):
         return agent_pb2.UnregisterResponse()
 
     def WatchNicEvents(self, request, context):
+        if request.agent_id not in self.issued():  # as shiftd: an agent registered with another daemon
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no agent {request.agent_id!r} is registered")
         for device, state in self.nics.items():
             yield common_pb2.NicEvent(device=device, state=state, reason="snapshot")
         while context.is_active() and not self._stopped.wait(0.05):
@@ -60,6 +65,8 @@ class StandIn(agent_pb2_grpc.AgentServicer):
         context.abort(grpc.StatusCode.NOT_FOUND, "none")
 
     def ReportFailover(self, request, context):
+        if request.agent_id not in self.issued():  # as shiftd: register first (the agent tries again)
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no agent {request.agent_id!r} is registered")
         self.reports.append(request)
         if self.lose_answers:
             self.lose_answers -= 1

@@ -34,7 +34,6 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
 
 
 HOST_IDS = {"h0": "sender-nic", "h1": "receiver-nic", BOTH: "both-nics"}
-FAIR_DRAWS = 3  # streams the fence test may run before one fails over with WRs to post again
 
 
 @pytest.mark.parametrize("fail_host", ["h0", "h1", BOTH], ids=HOST_IDS.get)
@@ -155,31 +154,40 @@ def test_failback_after_recovery_then_failover_again(lab: Lab, fail_host: str, f
     assert_intact(*run_stream(lab, "send", nic_fault(fail_host), failbacks=failbacks))
 
 
+def nic_fault_with_a_full_window(hold: float = 0.05) -> Fault:
+    """h0's NIC fails while rail 0's switch has been dropping everything towards h0 for `hold` seconds: no
+    WR of h0's completes meanwhile, so its window is full when the NIC fails (the core switches the
+    instant the link goes, when a fast stream often has nothing in flight)."""
+    nic = nic_fault("h0")
+    blackhole = silent_blackhole(towards="h0")
+
+    def inject(lab: Lab) -> None:
+        blackhole.inject(lab)
+        time.sleep(hold)
+        nic.inject(lab)
+
+    def recover(lab: Lab) -> None:
+        blackhole.recover(lab)
+        nic.recover(lab)
+
+    return Fault(nic.host, nic.reason, inject, recover)
+
+
 def test_a_failback_waits_for_its_fence_and_sends_nothing_twice(lab: Lab) -> None:
     """WRITE+READ as fast as the window allows: a failover stops WRs in flight and posts them again on the
     backup (plain WRITE and READ are replayed), but the failback waits until the sends posted on the
     backup have completed, holding new ones, and moves with nothing in flight: h0's failback reports no
-    WR posted again, where its failover reports some.
-
-    A draw whose failover found nothing to post again (every WR in flight had reached h1, only acks were
-    lost: the count settles them) proves nothing about the fence, so up to FAIR_DRAWS streams run until
-    one has; every failback must post nothing twice."""
-    reposted_on_failover = []
-    for _ in range(FAIR_DRAWS):
-        since = time.time()
-        sent, _ = run_stream(
-            lab, "write_read", nic_fault("h0"), failbacks=1, sender_args=("--rate", "100000")
-        )
-        assert sent["errors"] == [] and sent["failed"] == [], sent
-        assert sent["verified"] == sent["completed"]
-        failover, failback, _ = failover_reports(lab, "h0", since, wait_for=3)
-        assert failover.kind == common_pb2.FAILOVER_KIND_FAILOVER
-        assert failback.kind == common_pb2.FAILOVER_KIND_FAILBACK
-        assert failback.reposted_work_requests == 0, failback
-        reposted_on_failover.append(failover.reposted_work_requests)
-        if failover.reposted_work_requests > 0:
-            break
-    assert max(reposted_on_failover) > 0, reposted_on_failover  # some stream had WRs in flight: a fair test
+    WR posted again, where its failover, made with a full window, reports some."""
+    since = time.time()
+    fault = nic_fault_with_a_full_window()
+    sent, _ = run_stream(lab, "write_read", fault, failbacks=1, sender_args=("--rate", "100000"))
+    assert sent["errors"] == [] and sent["failed"] == [], sent
+    assert sent["verified"] == sent["completed"]
+    failover, failback, _ = failover_reports(lab, "h0", since, wait_for=3)
+    assert failover.kind == common_pb2.FAILOVER_KIND_FAILOVER
+    assert failback.kind == common_pb2.FAILOVER_KIND_FAILBACK
+    assert failover.reposted_work_requests > 0, failover  # WRs were in flight: a fair test of the fence
+    assert failback.reposted_work_requests == 0, failback
 
 
 def test_an_atomic_in_flight_is_failed_closed(lab: Lab) -> None:
