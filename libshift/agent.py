@@ -116,6 +116,8 @@ def nic_change(event: common_pb2.NicEvent) -> NicChange:
         state=NIC_STATES.get(event.state, NicState.UNKNOWN),
         reason=event.reason,
         monotonic_nanos=event.monotonic_nanos,
+        host=event.host,
+        gid=event.gid,
     )
 
 
@@ -173,6 +175,8 @@ class Agent:
         self.host = ""
         self._nics: dict[str, NicChange] = {}
         self._listeners: list[NicListener] = []
+        self._peer_listeners: list[NicListener] = []
+        self._peer_nics: dict[str, NicChange] = {}  # by GID: peer hosts' NICs that are not UP
         self._qps: dict[tuple[str, int], common_pb2.QpMapping] = {}
         self._mrs: dict[tuple[str, int], common_pb2.MrMapping] = {}
         self._path_sources: list[PathSource] = []
@@ -263,23 +267,36 @@ class Agent:
 
     # ---- NIC events ---------------------------------------------------------------------------
 
-    def add_listener(self, listener: NicListener) -> None:
-        """Call `listener` for every NIC event from now on (after the current states)."""
+    def add_listener(self, listener: NicListener, peers: bool = False) -> None:
+        """Call `listener` for every event of this host's NICs from now on (after their current states); with
+        `peers`, for every event of peer hosts' NICs instead (shiftd follows their records in etcd)."""
         with self._lock:
-            self._listeners.append(listener)
-            current = list(self._nics.values())
+            (self._peer_listeners if peers else self._listeners).append(listener)
+            current = list(self._peer_nics.values() if peers else self._nics.values())
         for event in current:
             listener(event)
 
     def remove_listener(self, listener: NicListener) -> None:
         with self._lock:
-            self._listeners.remove(listener)
+            for listeners in (self._listeners, self._peer_listeners):
+                if listener in listeners:
+                    listeners.remove(listener)
 
     def nic_state(self, device: str) -> NicState:
         """The latest state the daemon reported for `device` (UNKNOWN before its first word)."""
-        with self._lock:
-            change = self._nics.get(device)
+        change = self.nic(device)
         return change.state if change else NicState.UNKNOWN
+
+    def nic(self, device: str) -> NicChange | None:
+        """The daemon's latest word on this host's `device` (state and reason)."""
+        with self._lock:
+            return self._nics.get(device)
+
+    def peer_nic(self, gid: str) -> NicChange | None:
+        """The daemon's latest word on the peer host's NIC of `gid` if it is not UP; None while it is (or
+        while nothing is known of it)."""
+        with self._lock:
+            return self._peer_nics.get(gid)
 
     # ---- mappings -----------------------------------------------------------------------------
 
@@ -385,6 +402,8 @@ class Agent:
                 if again:
                     self.reconnects += 1
                     log.info("re-registered with shiftd as %s", self._agent_id)
+            with self._lock:  # the stream's first events say again which peers' NICs are down
+                self._peer_nics.clear()
             try:
                 self._stream = self._stub.WatchNicEvents(
                     agent_pb2.WatchNicEventsRequest(agent_id=self._agent_id)
@@ -458,8 +477,15 @@ class Agent:
         """Straight to the listeners, on the stream's thread: a NIC DOWN is the fastest detection."""
         change = nic_change(event)
         with self._lock:
-            self._nics[change.device] = change
-            listeners = list(self._listeners)
+            if change.host and change.host != self.host:
+                if change.state is NicState.UP:
+                    self._peer_nics.pop(change.gid, None)
+                else:
+                    self._peer_nics[change.gid] = change
+                listeners = list(self._peer_listeners)
+            else:
+                self._nics[change.device] = change
+                listeners = list(self._listeners)
         for listener in listeners:
             try:
                 listener(change)

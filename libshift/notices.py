@@ -27,6 +27,8 @@ class NicChange:
     state: NicState
     reason: str = ""
     monotonic_nanos: int = 0  # when shiftd saw it, on CLOCK_MONOTONIC (one clock per host: for latency)
+    host: str = ""  # the host whose NIC it is (another than ours: a peer's, told with its GID)
+    gid: str = ""
 
 
 class SwitchKind(enum.Enum):

@@ -33,6 +33,7 @@ from shiftd.listenfds import ListenError, inherited_socket
 from shiftd.metrics import Metrics
 from shiftd.nic import FaultMode, NicState
 from shiftd.nics import NicRecord, NicTable
+from shiftd.peer_nics import PeerNics
 from shiftd.peercred import PeerCred, PeerCredRelay, group_id
 from shiftd.ratelimit import RateLimiter
 from shiftd.registry import EtcdSecurity, Registry
@@ -84,6 +85,7 @@ class Daemon:
             damping=config.damping,
         )
         self.agents = AgentTable(self.registry, self._on_agent_change)
+        self.peer_nics = PeerNics(self.registry, self.host, self._on_peer_nic)
         self.faults = FaultInjector(config.faults.flap_period_seconds)
         self.publish_limiter = RateLimiter(config.server.publish_rate, config.server.publish_burst)
         self.relay = PeerCredRelay(
@@ -177,6 +179,7 @@ class Daemon:
         self.registry.put(f"hosts/{self.host}", self._host_record())
         for nic in self.nics.all_protos():
             self.registry.put(f"nics/{self.host}/{nic.device}", encode(nic))
+        self._tasks.append(asyncio.create_task(self.peer_nics.run(), name="peer-nics"))
         self._serve_metrics()
         self._prepare_private_dir()
         private_path = str(self._private_dir / "grpc.sock")
@@ -336,6 +339,13 @@ class Daemon:
         level = logging.WARNING if transition.state != NicState.UP else logging.INFO
         log.log(level, "%s (%s): %s -> %s (%s)", record.name, spec.netdev, transition.previous.name,
                 transition.state.name, transition.reason)  # fmt: skip
+
+    def _on_peer_nic(self, event: common_pb2.NicEvent) -> None:
+        """A peer host's NIC changed (its shiftd's record in etcd): the agents judge their QPs to it."""
+        self.bus.tell_agents(event)
+        self.relay.pump()
+        log.info("peer %s: %s (%s) %s (%s)", event.host, event.device, event.gid,
+                 common_pb2.NicState.Name(event.state), event.reason)  # fmt: skip
 
     def _publish_nic(self, name: str) -> None:
         self.registry.put(f"nics/{self.host}/{name}", encode(self.nics.to_proto(name)))

@@ -12,6 +12,7 @@ from libshift.api.shift.v1 import admin_pb2, common_pb2
 from shiftd.agents import AgentTable
 from shiftd.events import EventBus
 from shiftd.fault_spec import Fault
+from shiftd.peer_nics import PeerNics
 from shiftd.peercred import PeerCred
 
 
@@ -20,6 +21,7 @@ class DaemonView(Protocol):
     host: str
     agents: AgentTable
     bus: EventBus
+    peer_nics: PeerNics  # the peer hosts' NICs that are down, for a new agent stream
 
     @property
     def admin_group(self) -> str:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from libshift.api.shift.v1 import admin_pb2
+from libshift.api.shift.v1 import admin_pb2, common_pb2
 
 SUBSCRIBER_QUEUE = 4096  # messages a subscriber may have waiting before it is dropped
 
@@ -48,6 +48,12 @@ class EventBus:
         if self._subscribers:
             _deliver(self._subscribers, event.SerializeToString())
         return event
+
+    def tell_agents(self, nic: common_pb2.NicEvent) -> None:
+        """A peer host's NIC event: to the agents' streams only (the backlog and `shiftctl events` are this
+        host's own)."""
+        if self._nic_subscribers:
+            _deliver(self._nic_subscribers, nic.SerializeToString())
 
     def recent(self, count: int) -> list[admin_pb2.Event]:
         if count <= 0:

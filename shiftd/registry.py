@@ -377,10 +377,13 @@ class Registry:
             raise RegistryUnavailable(f"etcd at {self._link.describe()} unreachable while waiting for {key}")
         return None
 
-    def watch_prefix(self, prefix: str, start_revision: int | None = None) -> AsyncIterator[WatchEvent]:
-        """Events under `prefix` (relative) from now, or from `start_revision`; resumes across outages."""
+    def watch_prefix(
+        self, prefix: str, start_revision: int | None = None, resync: bool = False
+    ) -> AsyncIterator[WatchEvent]:
+        """Events under `prefix` (relative) from now, or from `start_revision`, or (`resync`) the keys there
+        are first; resumes across outages."""
         full = (self.prefix + prefix).encode()
-        return watch_range(self._link, full, prefix_range_end(full), len(self.prefix), start_revision)
+        return watch_range(self._link, full, prefix_range_end(full), len(self.prefix), start_revision, resync)
 
 
 def _too_large(exc: aetcd.ClientError) -> bool:

@@ -113,6 +113,7 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
         if request.agent_id and request.agent_id not in self.daemon.agents.agents:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no agent {request.agent_id!r} is registered")
         snapshot = [self.daemon.snapshot_event(nic).SerializeToString() for nic in self.daemon.nic_protos()]
+        snapshot += [event.SerializeToString() for event in self.daemon.peer_nics.down()]
         await _follow(self.daemon.bus, context, snapshot, nic_only=True)
 
     @unary()

@@ -23,8 +23,9 @@ UP, DOWN = common_pb2.NIC_STATE_UP, common_pb2.NIC_STATE_DOWN
 class StandIn(agent_pb2_grpc.AgentServicer):
     """The agent service of a shiftd: NIC states to start each stream with, and a record of the calls."""
 
-    def __init__(self, path: Path, nics: dict[str, int]) -> None:
+    def __init__(self, path: Path, nics: dict[str, int], peers: tuple[common_pb2.NicEvent, ...] = ()) -> None:
         self.nics = nics
+        self.peers = peers  # peer hosts' NICs that are down, as shiftd follows them in etcd
         self.registers: list[agent_pb2.RegisterRequest] = []
         self.reports: list[agent_pb2.ReportFailoverRequest] = []
         self.published: list[agent_pb2.PublishRequest] = []
@@ -54,6 +55,7 @@ class StandIn(agent_pb2_grpc.AgentServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no agent {request.agent_id!r} is registered")
         for device, state in self.nics.items():
             yield common_pb2.NicEvent(device=device, state=state, reason="snapshot")
+        yield from self.peers
         while context.is_active() and not self._stopped.wait(0.05):
             pass
 
@@ -91,8 +93,8 @@ def daemons(path):
     """Start stand-ins on one socket path, one after the other (each a daemon restart); all stopped after."""
     started: list[StandIn] = []
 
-    def start(**nics: int) -> StandIn:
-        started.append(StandIn(path, nics))
+    def start(peers: tuple[common_pb2.NicEvent, ...] = (), **nics: int) -> StandIn:
+        started.append(StandIn(path, nics, peers))
         return started[-1]
 
     yield start
@@ -118,6 +120,27 @@ def test_a_reconnect_starts_with_every_nics_state_and_says_where_the_qps_run(pat
         assert agent.nic_state("mlx5_0") is NicState.DOWN
         told = {(p.default_device, p.device): p.qps for p in second.registers[0].paths.paths}
         assert told == {("mlx5_0", "mlx5_1"): 2, ("mlx5_0", "mlx5_0"): 1}
+
+
+def test_peers_nics_reach_their_own_listeners_and_a_reconnect_says_them_again(path, daemons):
+    gid = "::ffff:198.18.0.9"
+    down = common_pb2.NicEvent(host="t9", device="mlx5_0", state=DOWN, reason="operator_fail", gid=gid)
+    first = daemons(peers=(down,), mlx5_0=UP)
+    with Agent.connect(str(path)) as agent:
+        mine, theirs = [], []
+        agent.add_listener(mine.append)
+        agent.add_listener(theirs.append, peers=True)
+        assert wait_until(lambda: len(theirs) == 1 and len(mine) == 1)
+        assert (theirs[0].host, theirs[0].device, theirs[0].reason) == ("t9", "mlx5_0", "operator_fail")
+        assert agent.peer_nic(gid) == theirs[0]
+        assert agent.nic_state("mlx5_0") is NicState.UP  # the peer's mlx5_0 is not ours
+        assert mine[0].device == "mlx5_0" and mine[0].state is NicState.UP
+        first.stop()
+        daemons(mlx5_0=UP)  # the peer's NIC came back while the agent was away: the new stream says none
+        assert wait_until(lambda: agent.reconnects == 1, timeout=10)
+        assert wait_until(lambda: len(mine) == 2)
+        assert agent.peer_nic(gid) is None
+        assert len(theirs) == 1
 
 
 def test_reports_made_while_shiftd_is_away_reach_the_next_one_in_order(path, daemons):

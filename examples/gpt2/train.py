@@ -9,6 +9,11 @@ time, wall-clock end) and a last line with a digest of its final parameters; ran
 OUT/checkpoint.pt. `--gate-at S` makes every rank wait before step S until the file OUT/gates/go-S
 exists: an orchestrator uses it to hold the job while it checks on the fabric, without the wait
 showing up in a step time or in a collective's timeout.
+
+With `--checkpoint-every N`, rank 0 also writes OUT/checkpoint.pt every N steps (model, optimizer, the
+next step), and a start that finds one resumes from it: what `torchrun --max-restarts` needs to bring a job
+back after shift raised NoPathLeft (a host lost every NIC; docs/torch.md). OUT must be shared by the ranks.
+The resumed run ends with the same weights, bit for bit, as one never stopped.
 """
 
 from __future__ import annotations
@@ -47,6 +52,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank (default 1)")
     p.add_argument("--out", type=Path, required=True, help="directory for the logs and the checkpoint")
     p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="rank 0 also saves OUT/checkpoint.pt every N steps, and a start resumes from it",
+    )
+    p.add_argument(
         "--gate-at",
         type=int,
         action="append",
@@ -57,6 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps < 1 or args.batch < 1 or args.threads < 1:
         p.error("--steps, --batch and --threads must be at least 1")
+    if args.checkpoint_every < 0:
+        p.error("--checkpoint-every must not be negative")
     return args
 
 
@@ -100,6 +114,26 @@ def digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def save(path: Path, ckpt: dict) -> None:
+    """Whole or not at all: a rank killed while writing leaves the previous checkpoint."""
+    partial = path.with_name(path.name + ".partial")
+    torch.save(ckpt, partial)
+    partial.replace(path)
+
+
+def resume(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
+    """The step to start from: that of the checkpoint found (its state loaded), or 0."""
+    path = args.out / "checkpoint.pt"
+    if not args.checkpoint_every or not path.exists():
+        return 0
+    ckpt = torch.load(path, weights_only=True)
+    if ckpt.get("seed") != args.seed or ckpt.get("config") != PRESETS[args.model].as_dict():
+        raise UsageError(f"{path} is of another run (seed or model); start with another --out")
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    return int(ckpt["next_step"])
+
+
 def emit(log: TextIO, record: dict) -> None:
     log.write(json.dumps(record) + "\n")
     log.flush()
@@ -117,10 +151,16 @@ def train(args: argparse.Namespace) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     args.out.mkdir(parents=True, exist_ok=True)
     gates = set(args.gate_at)
-    with open(args.out / f"rank{rank}.jsonl", "w") as log:
+    first = resume(args, model, opt)
+
+    def checkpoint(next_step: int) -> dict:
+        state = {"model": model.state_dict(), "config": cfg.as_dict(), "steps": args.steps, "seed": args.seed}
+        return {**state, "optimizer": opt.state_dict(), "next_step": next_step}
+
+    with open(args.out / f"rank{rank}.jsonl", "a" if first else "w") as log:
         start = {"event": "start", "rank": rank, "world": world, "backend": args.backend, "model": args.model}
-        emit(log, {**start, "config": cfg.as_dict(), "steps": args.steps, "time": time.time()})
-        for step in range(args.steps):
+        emit(log, {**start, "config": cfg.as_dict(), "steps": args.steps, "from": first, "time": time.time()})
+        for step in range(first, args.steps):
             if step in gates:
                 wait_gate(args.out / "gates", step)
             shape = {"rank": rank, "world": world, "per_rank": args.batch, "block": cfg.block_size}
@@ -132,10 +172,13 @@ def train(args: argparse.Namespace) -> None:
             opt.step()
             elapsed = time.perf_counter() - t0
             emit(log, {"step": step, "loss": loss.item(), "step_time": elapsed, "time": time.time()})
+            done = step + 1
+            due = args.checkpoint_every and done % args.checkpoint_every == 0 and done < args.steps
+            if rank == 0 and due:
+                save(args.out / "checkpoint.pt", checkpoint(done))
         emit(log, {"event": "end", "digest": digest(model), "time": time.time()})
     if rank == 0:
-        ckpt = {"model": model.state_dict(), "config": cfg.as_dict(), "steps": args.steps, "seed": args.seed}
-        torch.save(ckpt, args.out / "checkpoint.pt")
+        save(args.out / "checkpoint.pt", checkpoint(args.steps))
     dist.destroy_process_group()
 
 

@@ -6,8 +6,8 @@ a torch.distributed store); arrays are numpy arrays or CPU tensors. See docs/col
 
 from libshift.collectives.communicator import Communicator
 from libshift.collectives.device import pick_device
+from libshift.collectives.errors import CollectiveError, NoPathLeft
 from libshift.collectives.ops import ReduceOp
-from libshift.collectives.ring import CollectiveError
 from libshift.collectives.store import FileStore, Store
 
-__all__ = ["CollectiveError", "Communicator", "FileStore", "ReduceOp", "Store", "pick_device"]
+__all__ = ["CollectiveError", "Communicator", "FileStore", "NoPathLeft", "ReduceOp", "Store", "pick_device"]

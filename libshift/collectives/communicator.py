@@ -14,8 +14,9 @@ import numpy as np
 
 from libshift.collectives import ops, plan
 from libshift.collectives.device import pick_device
+from libshift.collectives.errors import CollectiveError
 from libshift.collectives.ops import ReduceOp
-from libshift.collectives.ring import CHUNK, CollectiveError, Ring
+from libshift.collectives.ring import CHUNK, Ring
 from libshift.collectives.store import Store
 
 
@@ -41,7 +42,7 @@ class Communicator:
         self.rank, self.world_size = rank, world_size
         self._ring: Ring | None = None
         self._closed = False
-        self._failed: str | None = None  # why an earlier collective failed: the ring's state is unknown
+        self._failed: CollectiveError | None = None  # an earlier failure: the ring's state is unknown
         if world_size > 1:
             self._ring = Ring(store, rank, world_size, device or pick_device(), prefix, timeout)
 
@@ -131,7 +132,7 @@ class Communicator:
         try:
             self._lay_out_and_run(ring, chunks, inputs, outputs, dtype, op, nbytes)
         except CollectiveError as exc:
-            self._failed = str(exc)
+            self._failed = exc
             raise
 
     def _lay_out_and_run(
@@ -183,7 +184,8 @@ class Communicator:
         if self._closed:
             raise ValueError("the communicator is closed")
         if self._failed is not None:
-            raise CollectiveError(f"an earlier collective failed ({self._failed}); close this communicator")
+            failed = self._failed  # of its kind: a lost path stays a lost path
+            raise type(failed)(f"an earlier collective failed ({failed}); close this communicator")
         return self._ring
 
     def close(self) -> None:

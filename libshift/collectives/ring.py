@@ -28,6 +28,7 @@ import numpy as np
 
 from libshift.collectives import ops
 from libshift.collectives.buffers import Buffers, Region
+from libshift.collectives.errors import CHECK_EVERY, Alarm, CollectiveError
 from libshift.collectives.plan import Apply, Plan, Recv, Send
 from libshift.collectives.store import Store
 from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP
@@ -52,10 +53,6 @@ MASK32 = 0xFFFFFFFF
 SIGNALED = e.IBV_SEND_SIGNALED
 
 
-class CollectiveError(RuntimeError):
-    """The ring failed under a collective (a work request failed, or no progress within the timeout)."""
-
-
 class Ring:
     """This rank's place in the ring; `run(plan, ...)` moves a plan's chunks through it."""
 
@@ -63,6 +60,7 @@ class Ring:
         self, store: Store, rank: int, world_size: int, device: str, prefix: str, timeout: float
     ) -> None:
         self.rank, self.world_size, self.timeout = rank, world_size, timeout
+        self.alarm = Alarm(store, prefix, rank)  # every rank hears when one finds no path left
         self.ctx = ShiftContext(name=device)
         self.pd = ShiftPD(self.ctx)
         self.channel = ShiftCompChannel(self.ctx)
@@ -245,10 +243,13 @@ class Ring:
             self.owed = 0
 
     def _poll(self, block: bool, deadline: float) -> bool:
-        """Take the completions there are (waiting up to a second for one if `block`); whether any came."""
-        wcs = self._completions(min(deadline - time.monotonic(), 1.0) if block else 0.0)
-        if not wcs and block and time.monotonic() >= deadline:
-            raise CollectiveError(f"rank {self.rank}: no progress from the ring within {self.timeout:g} s")
+        """Take the completions there are (waiting up to CHECK_EVERY for one if `block`, then looking at the
+        alarm); whether any came."""
+        wcs = self._completions(min(deadline - time.monotonic(), CHECK_EVERY) if block else 0.0)
+        if not wcs and block:
+            self.alarm.check()
+            if time.monotonic() >= deadline:
+                raise CollectiveError(f"rank {self.rank}: no progress from the ring in {self.timeout:g} s")
         for wc in wcs:
             self._on_completion(wc)
         return bool(wcs)
@@ -270,7 +271,9 @@ class Ring:
 
     def _on_completion(self, wc: WC) -> None:
         if wc.status != SUCCESS:
-            side = "right" if wc.qp_num == self.right.qp_num else "left"
+            side, qp = ("right", self.right) if wc.qp_num == self.right.qp_num else ("left", self.left)
+            if qp.lost_paths is not None:
+                raise self.alarm.raise_for(f"the link to the {side} neighbour is gone: {qp.lost_paths}")
             raise CollectiveError(
                 f"rank {self.rank}: work request to the {side} neighbour failed: "
                 f"{e.ibv_wc_status(wc.status).name}"

@@ -22,6 +22,10 @@ class Store(Protocol):
         """The value of `key`, waiting until some rank sets it (within the store's own timeout)."""
         ...
 
+    def check(self, keys: list[str]) -> bool:
+        """Whether every one of `keys` is set, without waiting."""
+        ...
+
 
 class FileStore:
     """`FileStore(path)`: one file per key in the directory `path` (created if missing).
@@ -43,6 +47,9 @@ class FileStore:
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{time.monotonic_ns()}")
         tmp.write_bytes(data)
         os.replace(tmp, target)
+
+    def check(self, keys: list[str]) -> bool:
+        return all(self._file(key).exists() for key in keys)
 
     def get(self, key: str) -> bytes:
         target = self._file(key)

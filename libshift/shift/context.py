@@ -2,33 +2,32 @@
 
 The application uses it exactly like a plain Context. Behind it, the context opens the backup devices the
 policy names (paths.py: the backup, then the backup's backup), registers with the local shiftd (NIC events,
-key publication), and runs a watcher thread per device channel: a backup path's wakes on its receive
-completions, which is how a peer's notification is noticed even while the application is not polling.
+key publication), and runs a watcher thread per device channel (watchers.py): a backup path's wakes on its
+receive completions, which is how a peer's notification is noticed even while the application is not polling.
 Without a backup device or a shiftd, it is a plain context and says once why.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from libshift.agent import Agent
 from libshift.notices import NicChange, NicState, SwitchReport
 from libshift.shift import steps
-from libshift.shift.detect import EITHER_ASK_EVERY, device_usable
+from libshift.shift.detect import device_usable
 from libshift.shift.inline import InlinePool
 from libshift.shift.keys import RemoteKeys
 from libshift.shift.links import LinkWatch
+from libshift.shift.lost import PeerLoss
 from libshift.shift.memory import LkeyMap
 from libshift.shift.paths import PATHS, PRIMARY, depth
 from libshift.shift.policy import backup_count, backup_devices
 from libshift.shift.settings import env_int
-from libshift.verbs import CQ, WC, CompChannel, Context, VerbsError, get_device_list, ibv_wc_status
+from libshift.shift.watchers import Watchers
+from libshift.verbs import CQ, WC, Context, VerbsError, get_device_list, ibv_wc_status
 
 if TYPE_CHECKING:
     from libshift.shift.cq import ShiftCQ
@@ -36,11 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("libshift.shift")
 CONTROL_CQE = 1 << 16
-WATCH_PERIOD = 0.25  # the watcher also polls this often, so nothing waits on a missed wake-up
-SCAN_PERIOD = 0.01  # the backup watcher reads the QPs' control messages at most this often (and at least
-# every WATCH_PERIOD): with a thousand QPs a scan on every wake-up of a failover cost more than the failover
-SERVE_GRACE = 0.01  # the default path's watcher keeps off its channel this long after an application wait
-HANDOFF = 1e-3  # the longest wait on a channel another thread may take our event from
 _told: set[str] = set()
 
 
@@ -76,14 +70,9 @@ class ShiftContext:
         self.doubtful: set[ShiftQP] = set()  # QPs holding an error completion in doubt (doubt.py)
         self.agent: Agent | None = None
         self.keys: RemoteKeys | None = None
-        self.channels: dict[str, CompChannel] = {}  # per path: the watchers' provider channels
         self.control_cqs: dict[str, CQ] = {}  # per backup path: the receive CQ of its QPs (notifications)
-        self._closing = threading.Event()
-        self._watchers: list[threading.Thread] = []
-        self._scanned = 0.0  # when the backup watcher last read the control messages
-        self._servers: set[int] = set()  # application threads waiting on the default path's channel
-        self._served = -WATCH_PERIOD  # when the last of them stopped waiting
-        self._waiting: set[str] = set()  # the paths whose watcher waits on its channel now
+        self.watchers = Watchers(self)  # a thread per device channel, and the application's waits
+        self.peer_loss = PeerLoss(self)  # the peer's NICs, for a QP's last path
         self._own_agent = False  # an agent handed in is the caller's to close
         self.links: LinkWatch | None = None
         self._links_down: set[str] = set()  # paths whose link the link watch saw fail, until shiftd's UP
@@ -120,11 +109,12 @@ class ShiftContext:
             self.backups.append(path)
             self.path_of[ctx.name] = path
             self.lkeys[path] = self.fast.lkeys(depth(path))  # in the core: its posts on the path use them
-            control_cqs[path] = CQ(ctx, control_cqe(ctx), channel=self.watch(path))
+            control_cqs[path] = CQ(ctx, control_cqe(ctx), channel=self.watchers.watch(path))
             self.fast.set_control(depth(path), control_cqs[path].impl.native)
         self.control_cqs = control_cqs  # whole: the watchers started above read it
         self.keys = RemoteKeys(self.agent, len(self.backups))
         self.agent.add_listener(self._on_nic)
+        self.agent.add_listener(self.peer_loss.on_peer_nic, peers=True)
         self.agent.add_path_source(self.paths)
         if env_int("SHIFT_LINK_WATCH", 1, 0, 1):
             netdevs = {path: (ctx.device.netdev, ctx.device.netns) for path, ctx in self.devices.items()}
@@ -175,128 +165,6 @@ class ShiftContext:
         if not isinstance(wc.status, ibv_wc_status):
             wc.status = ibv_wc_status.IBV_WC_GENERAL_ERR
         qp.on_wc(wc, PATHS[path])
-
-    # -- blocking waits ------------------------------------------------------------------------------------
-
-    def serve(self, limit: float | None, ready: Callable[[], bool]) -> bool:
-        """Wait for the default path's next completion event on the caller's thread, and make progress on
-        it there, as a bare provider channel does (leader/follower): no watcher thread and no second channel
-        between the wire and the waiting application, which cost two thread hops per completion.
-
-        Returns at once when `ready()` (after a progress pass); False, without waiting, while traffic is on
-        the backup path, whose watcher then raises the events."""
-        channel = self.channels.get(PRIMARY)
-        if channel is None or self.fast.backup_hot:
-            return False
-        me = threading.get_ident()
-        with self.lock:
-            self._servers.add(me)
-            for cq in self._armable(PRIMARY):
-                cq.req_notify()
-            self.progress()
-            shared = PRIMARY in self._waiting or len(self._servers) > 1
-        try:
-            if ready():
-                return True
-            # another thread on the channel may take our event; a provider that cannot cut a wait short
-            # (wake()) would leave us waiting for an event raised by another thread
-            wakeable = hasattr(channel.impl, "wake")
-            slice_ = HANDOFF if shared or not wakeable else WATCH_PERIOD
-            with contextlib.suppress(TimeoutError):
-                channel.get_cq_event(timeout=slice_ if limit is None else min(limit, slice_))
-            self.progress()
-        finally:
-            with self.lock:
-                self._servers.discard(me)
-                self._served = time.monotonic()
-        return True
-
-    def wake_servers(self) -> None:
-        """A completion for a waiting application thread was made on another thread: end its wait now."""
-        if self._servers - {threading.get_ident()}:
-            wake = getattr(self.channels[PRIMARY].impl, "wake", None)
-            if wake is not None:
-                wake()
-
-    def _resting(self) -> float:
-        """How long the default path's watcher keeps off its channel: an application thread waits there
-        now, or did within SERVE_GRACE (two waiters on one channel take each other's events)."""
-        if self._servers:
-            return SERVE_GRACE
-        return self._served + SERVE_GRACE - time.monotonic()
-
-    def watch(self, path: str) -> CompChannel:
-        """The provider channel of `path`, with a watcher thread that makes progress whenever a CQ armed on
-        it gets a completion, so that nothing waits for the application to poll: the backup path's for
-        the peer's notifications and control messages, both paths' for completion channels of ShiftCQs."""
-        with self.lock:
-            if path not in self.channels:
-                self.channels[path] = CompChannel(self.devices[path])
-                watcher = threading.Thread(
-                    target=self._watch, args=(path,), name=f"libshift-{self.name}-{path}", daemon=True
-                )
-                self._watchers.append(watcher)
-                watcher.start()
-            return self.channels[path]
-
-    def _watch(self, path: str) -> None:
-        channel = self.channels[path]
-        while not self._closing.is_set():
-            rest = self._resting() if path == PRIMARY else 0.0
-            if rest > 0:
-                self._closing.wait(rest)
-                continue
-            try:
-                with self.lock:
-                    for cq in self._armable(path):
-                        cq.req_notify()
-                self.progress(everything=True)
-                self._follow_core()
-                if path != PRIMARY:
-                    self._scan()
-            except VerbsError as exc:  # a refused control verb: say so, keep watching the other QPs
-                log.warning("%s: %s", self.name, exc)
-            self._waiting.add(path)
-            try:  # a doubt is settled by asking the device again, soon
-                channel.get_cq_event(timeout=EITHER_ASK_EVERY if self.doubtful else WATCH_PERIOD)
-            except TimeoutError:
-                continue
-            finally:
-                self._waiting.discard(path)
-
-    def _follow_core(self) -> None:
-        """Follow the switches the core made, here, not in the application's poll (a thousand QPs moved at
-        once cost a poll tens of ms); whatever acts on a QP follows it first anyway."""
-        if self.fast.take_news():
-            with self.lock:
-                qps = set(self.qps.values())
-            for qp in qps:
-                with self.lock:
-                    qp.switcher.follow_core()
-
-    def _scan(self) -> None:
-        """Act on the control messages (REARM/ARMED: writes, which raise no completion), retry default
-        paths left silently, and settle the error completions in doubt, at most every SCAN_PERIOD."""
-        now = time.monotonic()
-        if now - self._scanned >= SCAN_PERIOD:
-            self._scanned = now
-            with self.lock:
-                qps = set(self.qps.values())
-                doubtful = set(self.doubtful)
-            for qp in qps:
-                with self.lock:  # one QP at a time
-                    qp.switcher.follow_core()
-                    qp.rearm.read()
-                    qp.rearm.retry_default(now)
-                    qp.switcher.check_fence(now)
-            for qp in doubtful:
-                qp.doubt.settle(now)
-
-    def _armable(self, path: str) -> list[CQ]:
-        """The provider CQs of `path` that report to its watcher's channel."""
-        found = [cq.on[path] for cq in self.cqs.values() if cq.channel is not None]
-        control = self.control_cqs.get(path)
-        return found if control is None else [*found, control]
 
     def _on_nic(self, change: NicChange) -> None:
         """shiftd's word on our devices: a DOWN moves the traffic off the device (unless the link watch
@@ -376,14 +244,13 @@ class ShiftContext:
             return Counter((self.name, self.devices[qp.current].name) for qp in qps)
 
     def close(self) -> None:
-        self._closing.set()
+        self.watchers.close()
         if self.links is not None:
             self.links.close()
-        for watcher in self._watchers:
-            watcher.join(timeout=2)
         self.fast.close()
         if self.agent is not None:
             self.agent.remove_listener(self._on_nic)
+            self.agent.remove_listener(self.peer_loss.on_peer_nic)
             self.agent.remove_path_source(self.paths)
             if self._own_agent:
                 self.agent.close()

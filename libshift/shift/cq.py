@@ -43,7 +43,7 @@ class ShiftCQ:
         self.channel = channel
         watched = channel is not None
         self.on = {
-            path: CQ(device, cqe + CQ_SLACK, channel=ctx.watch(path) if watched else None)
+            path: CQ(device, cqe + CQ_SLACK, channel=ctx.watchers.watch(path) if watched else None)
             for path, device in ctx.devices.items()
         }
         self.primary = self.on[PRIMARY]
@@ -103,7 +103,7 @@ class ShiftCompChannel:
         with self._cond:
             self._events.append(cq)
             self._cond.notify()
-        self.ctx.wake_servers()
+        self.ctx.watchers.wake_servers()
 
     def get_cq_event(self, cq: ShiftCQ | None = None, timeout: float | None = None) -> ShiftCQ:
         """Block until an armed CQ of this channel gets a completion; TimeoutError after `timeout` s."""
@@ -115,7 +115,7 @@ class ShiftCompChannel:
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError(f"no completion event within {timeout} s")
-            if not self.ctx.serve(left, lambda: bool(self._events)):
+            if not self.ctx.watchers.serve(left, lambda: bool(self._events)):
                 with self._cond:
                     self._cond.wait_for(lambda: self._events, left)
 

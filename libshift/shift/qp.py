@@ -86,6 +86,7 @@ class ShiftQP:
         self.armed = Armed(self.fast, self.ctx.devices)  # connected, control receive at its head (ours)
         self.peers: dict[str, Endpoint] = {}  # the paths both sides have, in the policy's order
         self.targets: dict[str, tuple[int, int]] = {}  # path -> the peer's control MR on it (addr, rkey)
+        self.lost_paths: str | None = None  # why the QP gave up, with no path left (lost.py)
         self._access = 0
         self._attr = QPAttr()
         self.doubt = Doubt(self)  # an error completion not yet known to be the transport's or ours

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from libshift.core._core import NEWS_SWITCHED, REASON_NIC_EVENT
 from libshift.notices import SwitchKind, SwitchReport
 from libshift.shift import handover, notify, steps
+from libshift.shift.lost import why_no_path
 from libshift.shift.paths import PATHS, PRIMARY
 from libshift.shift.states import AWAITING_COUNT, SWITCHABLE, Send, State, Transition
 
@@ -278,8 +279,14 @@ class Switcher:
                 self._give_up(path)
 
     def _give_up(self, path: str) -> None:
-        """The device of the path in use failed with no armed path left: the error goes to the application
-        now. Every provider QP goes to ERR: what is posted flushes to the application, and a switch the
-        peer tries onto a path it still counts as armed fails, so that it gets its error too."""
-        log.warning("QP %d: the %s path's device failed with nothing left to switch to", self.qp.qp_num, path)
+        """The device of the path in use failed with no armed path left."""
+        why = why_no_path(self.qp) or f"QP {self.qp.qp_num}: the {path} path failed, no other is armed"
+        self.give_up(why)
+
+    def give_up(self, why: str) -> None:
+        """No path is left (`why`, lost.py): the error goes to the application now. Every provider QP goes
+        to ERR: what is posted flushes to the application, and a switch the peer tries onto a path it still
+        counts as armed fails, so that it gets its error too."""
+        log.warning("%s", why)
+        self.qp.lost_paths = why
         self.qp.fail()

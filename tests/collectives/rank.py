@@ -6,7 +6,8 @@
 
 It prints JSON lines: {"ready", "resilient"} once the ring is connected; in the loop {"progress": i,
 "at": time.time()} every PROGRESS_EVERY iterations and {"iterations": n} at its end; {"done": true} last.
-Errors go to stderr, with exit status 1.
+A collective's failure in the loop is said too ({"error", "kind", "at"}) before it ends the rank. Errors go
+to stderr, with exit status 1.
 """
 
 from __future__ import annotations
@@ -75,12 +76,16 @@ def run_loop(comm: Communicator, count: int, iterations: int | None, out: Path) 
         threading.Thread(target=lambda: (sys.stdin.readline(), told.set()), daemon=True).start()
     done = 0
     while done != iterations:
-        if iterations is None:
-            stop = np.array([told.is_set()], np.uint8)
-            comm.all_reduce(stop, ReduceOp.MAX)
-            if stop[0]:
-                break
-        comm.all_reduce(x)
+        try:
+            if iterations is None:
+                stop = np.array([told.is_set()], np.uint8)
+                comm.all_reduce(stop, ReduceOp.MAX)
+                if stop[0]:
+                    break
+            comm.all_reduce(x)
+        except CollectiveError as exc:
+            say(error=str(exc), kind=type(exc).__name__, at=time.time())
+            raise
         np.divide(x, comm.world_size, out=x)
         x += mine
         done += 1

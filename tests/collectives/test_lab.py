@@ -7,6 +7,7 @@ for bit. One 2x2 lab serves the two-rank tests (prefix `co`), a 3x2 lab the thre
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -228,3 +229,65 @@ def test_all_reduce_loop_survives_fail_nic_bit_for_bit(lab2: Lab, tmp_path: Path
         got = np.load(clean.out / f"loop-{rank}.npy")
         assert failed[rank].tobytes() == got.tobytes(), f"rank {rank}: the failover changed bits"
         assert got.tobytes() == want.tobytes(), f"rank {rank} differs from numpy's loop"
+
+
+HAND_OFF = 1.0  # seconds from the last path's failure to every rank's error (issue 19)
+
+
+def lose_every_path_of_h0(lab: Lab, world: int, tmp: Path) -> tuple[dict[int, dict], float]:
+    """The all-reduce loop on h0..h{world-1}; h0 loses mlx5_0 (the loop goes on over mlx5_1), then mlx5_1.
+    Each rank's error line, and when the last path went (time.time())."""
+    with Ranks(lab, world, tmp, "loop", str(LOOP_COUNT)) as ranks:
+        for rank in range(world):
+            assert ranks.line(rank)["ready"]
+        ranks.line(0)
+        try:
+            shiftctl(lab, "h0", "fail-nic", "mlx5_0")
+            moved_at = time.time()
+            while (line := ranks.line(0)).get("at", 0) < moved_at:
+                pass  # running on mlx5_1
+            assert "error" not in line, f"the failover to mlx5_1 failed: {line}"
+            lost_at = time.time()
+            shiftctl(lab, "h0", "fail-nic", "mlx5_1")
+            errors = {}
+            for rank in range(world):
+                while "error" not in (line := ranks.line(rank)):
+                    pass
+                errors[rank] = line
+            for proc in ranks.procs:
+                assert proc.wait(timeout=30) != 0
+        finally:
+            shiftctl(lab, "h0", "recover-nic", "mlx5_0")
+            shiftctl(lab, "h0", "recover-nic", "mlx5_1")
+    return errors, lost_at
+
+
+def assert_told(error: dict, lost_at: float, rank: int) -> None:
+    """NoPathLeft within HAND_OFF, naming h0's NICs and why (shiftd's word, or the link watch's when it saw
+    the link go before shiftd's word came), and what to do."""
+    assert error["kind"] == "NoPathLeft", (rank, error)
+    assert error["at"] - lost_at < HAND_OFF, (rank, error["at"] - lost_at, error)
+    message = error["error"]
+    assert re.search(r"h0's mlx5_0 is down \((operator_down|link lost)\)", message), (rank, message)
+    assert re.search(r"h0's mlx5_1 is down \((operator_down|link lost)\)", message), (rank, message)
+    assert "restart it from its last checkpoint, or shrink the group" in message, (rank, message)
+
+
+def test_when_a_host_loses_every_path_both_ranks_are_told_within_a_second(lab2: Lab, tmp_path: Path) -> None:
+    """No path is left between the two ranks: both raise NoPathLeft and end non-zero, h0 from its own NIC
+    events, h1 from h0's NIC records in etcd (its own NICs are fine: its ack deadline would have said so
+    only seconds later, as a retry error naming no host)."""
+    errors, lost_at = lose_every_path_of_h0(lab2, 2, tmp_path)
+    for rank, error in errors.items():
+        assert_told(error, lost_at, rank)
+        assert "another rank found" not in error["error"]  # each saw it itself
+
+
+def test_a_rank_that_is_not_the_lost_hosts_neighbour_is_told_too(tmp_path: Path) -> None:
+    """A ring of four: h2 has no QP to h0, its ring only stalls; the alarm in the store (raised by the first
+    rank to find no path left) tells it within HAND_OFF too."""
+    with running_lab("cof", hosts=4, nics=2) as lab:
+        errors, lost_at = lose_every_path_of_h0(lab, 4, tmp_path)
+    for rank, error in errors.items():
+        assert_told(error, lost_at, rank)
+    assert "another rank found" in errors[2]["error"]

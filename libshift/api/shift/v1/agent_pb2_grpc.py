@@ -96,7 +96,8 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchNicEvents(self, request, context):
-        """First the current state of every NIC, then every change, until the caller leaves.
+        """First the current state of every NIC of this host and of every peer host's NIC that is
+        down (from etcd: host and gid set), then every change of either, until the caller leaves.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,175 @@
+"""The context's watcher threads, one per device channel, and the application's own waits on the default one.
+
+A watcher makes progress whenever a CQ armed on its channel gets a completion, so that nothing waits for
+the application to poll: the backup path's for the peer's notifications and control messages, both paths'
+for completion channels of ShiftCQs. An application thread that blocks on a ShiftCQ waits on the default
+path's channel itself (serve), and the default path's watcher keeps off the channel meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from libshift.shift.detect import EITHER_ASK_EVERY
+from libshift.shift.paths import PRIMARY
+from libshift.verbs import CQ, CompChannel, VerbsError
+
+if TYPE_CHECKING:
+    from libshift.shift.context import ShiftContext
+
+log = logging.getLogger("libshift.shift")
+WATCH_PERIOD = 0.25  # the watcher also polls this often, so nothing waits on a missed wake-up
+SCAN_PERIOD = 0.01  # the backup watcher reads the QPs' control messages at most this often (and at least
+# every WATCH_PERIOD): with a thousand QPs a scan on every wake-up of a failover cost more than the failover
+SERVE_GRACE = 0.01  # the default path's watcher keeps off its channel this long after an application wait
+HANDOFF = 1e-3  # the longest wait on a channel another thread may take our event from
+
+
+class Watchers:
+    """The watcher threads of one context, and the application threads waiting on its default channel."""
+
+    def __init__(self, ctx: ShiftContext) -> None:
+        self.ctx = ctx
+        self.channels: dict[str, CompChannel] = {}  # per path: the watchers' provider channels
+        self._closing = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._scanned = 0.0  # when the backup watcher last read the control messages
+        self._servers: set[int] = set()  # application threads waiting on the default path's channel
+        self._served = -WATCH_PERIOD  # when the last of them stopped waiting
+        self._waiting: set[str] = set()  # the paths whose watcher waits on its channel now
+
+    def watch(self, path: str) -> CompChannel:
+        """The provider channel of `path`, with its watcher thread."""
+        ctx = self.ctx
+        with ctx.lock:
+            if path not in self.channels:
+                self.channels[path] = CompChannel(ctx.devices[path])
+                watcher = threading.Thread(
+                    target=self._watch, args=(path,), name=f"libshift-{ctx.name}-{path}", daemon=True
+                )
+                self._threads.append(watcher)
+                watcher.start()
+            return self.channels[path]
+
+    def close(self) -> None:
+        self._closing.set()
+        for watcher in self._threads:
+            watcher.join(timeout=2)
+
+    # -- the application's waits ---------------------------------------------------------------------------
+
+    def serve(self, limit: float | None, ready: Callable[[], bool]) -> bool:
+        """Wait for the default path's next completion event on the caller's thread, and make progress on
+        it there, as a bare provider channel does (leader/follower): no watcher thread and no second channel
+        between the wire and the waiting application, which cost two thread hops per completion.
+
+        Returns at once when `ready()` (after a progress pass); False, without waiting, while traffic is on
+        the backup path, whose watcher then raises the events."""
+        ctx = self.ctx
+        channel = self.channels.get(PRIMARY)
+        if channel is None or ctx.fast.backup_hot:
+            return False
+        me = threading.get_ident()
+        with ctx.lock:
+            self._servers.add(me)
+            for cq in self._armable(PRIMARY):
+                cq.req_notify()
+            ctx.progress()
+            shared = PRIMARY in self._waiting or len(self._servers) > 1
+        try:
+            if ready():
+                return True
+            # another thread on the channel may take our event; a provider that cannot cut a wait short
+            # (wake()) would leave us waiting for an event raised by another thread
+            wakeable = hasattr(channel.impl, "wake")
+            slice_ = HANDOFF if shared or not wakeable else WATCH_PERIOD
+            with contextlib.suppress(TimeoutError):
+                channel.get_cq_event(timeout=slice_ if limit is None else min(limit, slice_))
+            ctx.progress()
+        finally:
+            with ctx.lock:
+                self._servers.discard(me)
+                self._served = time.monotonic()
+        return True
+
+    def wake_servers(self) -> None:
+        """A completion for a waiting application thread was made on another thread: end its wait now."""
+        if self._servers - {threading.get_ident()}:
+            wake = getattr(self.channels[PRIMARY].impl, "wake", None)
+            if wake is not None:
+                wake()
+
+    def _resting(self) -> float:
+        """How long the default path's watcher keeps off its channel: an application thread waits there
+        now, or did within SERVE_GRACE (two waiters on one channel take each other's events)."""
+        if self._servers:
+            return SERVE_GRACE
+        return self._served + SERVE_GRACE - time.monotonic()
+
+    # -- a watcher's loop ----------------------------------------------------------------------------------
+
+    def _watch(self, path: str) -> None:
+        ctx, channel = self.ctx, self.channels[path]
+        while not self._closing.is_set():
+            rest = self._resting() if path == PRIMARY else 0.0
+            if rest > 0:
+                self._closing.wait(rest)
+                continue
+            try:
+                with ctx.lock:
+                    for cq in self._armable(path):
+                        cq.req_notify()
+                ctx.progress(everything=True)
+                self._follow_core()
+                if path != PRIMARY:
+                    self._scan()
+            except VerbsError as exc:  # a refused control verb: say so, keep watching the other QPs
+                log.warning("%s: %s", ctx.name, exc)
+            self._waiting.add(path)
+            try:  # a doubt is settled by asking the device again, soon
+                channel.get_cq_event(timeout=EITHER_ASK_EVERY if ctx.doubtful else WATCH_PERIOD)
+            except TimeoutError:
+                continue
+            finally:
+                self._waiting.discard(path)
+
+    def _follow_core(self) -> None:
+        """Follow the switches the core made, here, not in the application's poll (a thousand QPs moved at
+        once cost a poll tens of ms); whatever acts on a QP follows it first anyway."""
+        ctx = self.ctx
+        if ctx.fast.take_news():
+            with ctx.lock:
+                qps = set(ctx.qps.values())
+            for qp in qps:
+                with ctx.lock:
+                    qp.switcher.follow_core()
+
+    def _scan(self) -> None:
+        """Act on the control messages (REARM/ARMED: writes, which raise no completion), retry default
+        paths left silently, and settle the error completions in doubt, at most every SCAN_PERIOD."""
+        ctx, now = self.ctx, time.monotonic()
+        if now - self._scanned >= SCAN_PERIOD:
+            self._scanned = now
+            with ctx.lock:
+                qps = set(ctx.qps.values())
+                doubtful = set(ctx.doubtful)
+            for qp in qps:
+                with ctx.lock:  # one QP at a time
+                    qp.switcher.follow_core()
+                    qp.rearm.read()
+                    qp.rearm.retry_default(now)
+                    qp.switcher.check_fence(now)
+            for qp in doubtful:
+                qp.doubt.settle(now)
+
+    def _armable(self, path: str) -> list[CQ]:
+        """The provider CQs of `path` that report to its watcher's channel."""
+        ctx = self.ctx
+        found = [cq.on[path] for cq in ctx.cqs.values() if cq.channel is not None]
+        control = ctx.control_cqs.get(path)
+        return found if control is None else [*found, control]

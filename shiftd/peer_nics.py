@@ -1,0 +1,73 @@
+"""Peer hosts' NICs as their own shiftd published them in etcd (`nics/<host>/<device>`), followed by a watch.
+
+A QP whose peer has lost every NIC the QP could use has no path left, but from this side only its ack
+deadline would say so: seconds late, and never on a side that only receives. The peer's shiftd has said it
+already, in its NIC records. Following them, this daemon tells its agents when a peer's NIC goes down or
+comes back, as a NicEvent with the peer's host and the NIC's GID; each agent judges its own QPs
+(libshift/shift/peer_loss.py). A record deleted (its shiftd stopped, or its lease lapsed) says nothing of
+the links: it is forgotten, not taken for a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from google.protobuf import json_format
+
+from libshift.api.shift.v1 import common_pb2
+from shiftd.registry import Registry
+from shiftd.registry_watch import PUT
+
+log = logging.getLogger("shiftd.peer_nics")
+PREFIX = "nics/"
+
+
+class PeerNics:
+    """The peers' NIC records; `run()` follows them and calls `tell` with each change of a NIC's state."""
+
+    def __init__(self, registry: Registry, host: str, tell: Callable[[common_pb2.NicEvent], None]) -> None:
+        self.registry, self.host, self.tell = registry, host, tell
+        self.records: dict[tuple[str, str], common_pb2.Nic] = {}  # (host, device) -> its record
+
+    def down(self) -> list[common_pb2.NicEvent]:
+        """The peers' NICs that are not UP now: what a new agent stream hears after our own NICs."""
+        return [
+            event(host, nic, nic.state)
+            for (host, _), nic in sorted(self.records.items())
+            if nic.state != common_pb2.NIC_STATE_UP
+        ]
+
+    async def run(self) -> None:
+        """Follow the records until cancelled (the watch resumes across etcd's outages by itself)."""
+        async for change in self.registry.watch_prefix(PREFIX, resync=True):
+            host, _, device = change.key[len(PREFIX) :].partition("/")
+            if host == self.host or not device:
+                continue
+            if change.type != PUT or change.value is None:
+                self.records.pop((host, device), None)
+                continue
+            try:
+                nic = json_format.Parse(change.value, common_pb2.Nic(), ignore_unknown_fields=True)
+            except json_format.ParseError:
+                log.warning("the record of %s's NIC %s in etcd is not readable; ignored", host, device)
+                continue
+            known = self.records.get((host, device))
+            self.records[host, device] = nic
+            previous = known.state if known is not None else common_pb2.NIC_STATE_UP
+            if nic.state != previous:
+                self.tell(event(host, nic, previous))
+
+
+def event(host: str, nic: common_pb2.Nic, previous: int) -> common_pb2.NicEvent:
+    """A peer's NIC record as the event agents hear."""
+    return common_pb2.NicEvent(
+        host=host,
+        device=nic.device,
+        netdev=nic.netdev,
+        state=nic.state,
+        previous_state=previous,
+        reason=nic.reason,
+        time_unix_nanos=nic.last_change_unix_nanos,
+        gid=nic.gid,
+    )
