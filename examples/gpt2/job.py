@@ -36,6 +36,8 @@ class JobSpec:
     seed: int = 1234
     port: int = MASTER_PORT
     gates: tuple[int, ...] = ()
+    checkpoint_every: int = 0  # train.py's --checkpoint-every: 0, only at the end
+    max_restarts: int = 0  # torchrun's: how often it restarts the ranks after one failed
     # "torchrun", or "direct": train.py itself with torchrun's environment, which spares the tests the
     # second torch import per host that torchrun costs (seconds of CPU on a loaded machine)
     launcher: str = "torchrun"
@@ -43,6 +45,8 @@ class JobSpec:
     def train_args(self, out: Path) -> list[str]:
         args = [f"--backend={self.backend}", f"--model={self.model}", f"--steps={self.steps}"]
         args += [f"--batch={self.batch}", f"--seed={self.seed}", f"--out={out}"]
+        if self.checkpoint_every:
+            args.append(f"--checkpoint-every={self.checkpoint_every}")
         return args + [f"--gate-at={g}" for g in self.gates]
 
 
@@ -103,7 +107,8 @@ class Job:
             env = {"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world)}
             env |= {"MASTER_ADDR": self.master, "MASTER_PORT": str(self.spec.port)}
             return [sys.executable, *train], env
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--max-restarts=0"]
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1"]
+        torchrun.append(f"--max-restarts={self.spec.max_restarts}")
         rendezvous = [f"--nnodes={world}", f"--node-rank={rank}"]
         master = [f"--master-addr={self.master}", f"--master-port={self.spec.port}"]
         return [*torchrun, *rendezvous, *master, *train], {}

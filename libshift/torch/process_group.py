@@ -8,6 +8,7 @@ naming the call, never a silent fallback.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
@@ -58,7 +59,13 @@ class ShiftProcessGroup(dist.ProcessGroup):
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
         super().__init__(rank, world_size)
         self.device = pick_device()
-        self._comm = Communicator(store, rank, world_size, self.device, timeout=timeout.total_seconds())
+        # torchrun keeps its store when it restarts the workers (--max-restarts): an attempt's keys (the
+        # ring's endpoints, its alarm) must not be read by the next attempt's ranks
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        seconds = timeout.total_seconds()
+        self._comm = Communicator(
+            store, rank, world_size, self.device, prefix=f"shift/{attempt}", timeout=seconds
+        )
         self._runner = SerialRunner(f"shift-pg-r{rank}")
 
     @property

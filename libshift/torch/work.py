@@ -27,17 +27,23 @@ class ShiftWork(dist.Work):
         super().__init__()
         self.call = call
         self._result = result  # what the future gives: the tensors written, as torch's backends do
-        self._future: torch.futures.Future = torch.futures.Future()
         self._done = threading.Event()
         self._error: BaseException | None = None
+        # The future fails as C++ sees a failure: by a callback that raises. Future.set_exception only
+        # stores the exception as the future's value, for Python to raise; DDP's reducer reads the value in
+        # C++ as the tensors and crashed on it (SIGSEGV in parseCppCommHookResult) when a collective failed.
+        self._ended: torch.futures.Future = torch.futures.Future()
+        self._future: torch.futures.Future = self._ended.then(self._outcome)
+
+    def _outcome(self, _: torch.futures.Future) -> object:
+        if self._error is not None:
+            raise self._error
+        return self._result
 
     def finish(self, error: BaseException | None) -> None:
         self._error = error
         self._done.set()
-        if error is None:
-            self._future.set_result(self._result)
-        else:
-            self._future.set_exception(error)
+        self._ended.set_result(None)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Block until the collective has run; no timeout (None or 0, torch's default) waits for good."""

@@ -6,7 +6,10 @@ collectives between ranks are tested by test_torch_loopback.py and test_torch_la
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -76,3 +79,34 @@ def test_results_land_in_the_callers_tensors(group):
     work = group.all_gather_single(out, source)
     assert work.wait() and torch.equal(out, source)
     assert work.get_future().wait() == [out]
+
+
+DDP_WITH_A_LOST_PATH = """
+from datetime import timedelta
+import torch, torch.distributed as dist
+from libshift.collectives import Communicator, NoPathLeft
+from libshift.torch.process_group import ShiftProcessGroup
+
+def lost(self, *args, **kwargs):
+    raise NoPathLeft("rank 0: h0's mlx5_0 is down (operator_down)")
+
+group = ShiftProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10))
+Communicator.all_reduce = lost
+ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), process_group=group)
+try:
+    ddp(torch.ones(2, 4)).sum().backward()
+except RuntimeError as exc:
+    print("raised:", exc)
+"""
+
+
+def test_a_collective_failing_under_ddp_raises_from_backward(tmp_path):
+    """DDP's reducer reads a bucket's future in C++: a failed collective must be an error there (a future
+    that held the exception as its value crashed the process with SIGSEGV). In a process of its own."""
+    env = {**os.environ, "SHIFT_TCP_DEVICES": "mlx5_0=lo", "SHIFT_SOCKET": str(tmp_path / "none.sock")}
+    env.pop("SHIFT_DEVICE", None)
+    done = subprocess.run(
+        [sys.executable, "-c", DDP_WITH_A_LOST_PATH], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "raised:" in done.stdout and "h0's mlx5_0 is down (operator_down)" in done.stdout, done.stdout
