@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 
 import pytest
+from waiting import until
 
 from libshift.api.shift.v1 import common_pb2
 from shiftd.agents import encode
@@ -29,13 +29,22 @@ def nic(device: str, state: int, reason: str = "", gid: str = "") -> str:
     return encode(common_pb2.Nic(device=device, netdev=f"{device}-nd", state=state, reason=reason, gid=gid))
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
+@contextlib.asynccontextmanager
+async def following(
+    peer: Registry, mine: Registry
+) -> AsyncIterator[tuple[PeerNics, list[common_pb2.NicEvent]]]:
+    """h1's PeerNics running on `mine` for the block, and what it told; both registries stopped after."""
+    told: list[common_pb2.NicEvent] = []
+    follower = PeerNics(mine, "h1", told.append)
+    task = asyncio.create_task(follower.run())
+    try:
+        yield follower, told
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await mine.stop()
+        await peer.stop()
 
 
 def test_a_peers_nic_going_down_and_back_is_told_with_its_host_and_gid(etcd: EtcdProcess) -> None:
@@ -47,10 +56,7 @@ def test_a_peers_nic_going_down_and_back_is_told_with_its_host_and_gid(etcd: Etc
         peer.put("nics/h0/mlx5_1", nic("mlx5_1", DOWN, "operator_fail", "::ffff:198.18.1.1"))
         mine.put("nics/h1/mlx5_0", nic("mlx5_0", DOWN, "carrier_lost"))  # our own: not a peer's
         assert await peer.wait_synced(5) and await mine.wait_synced(5)
-        told: list[common_pb2.NicEvent] = []
-        follower = PeerNics(mine, "h1", told.append)
-        task = asyncio.create_task(follower.run())
-        try:
+        async with following(peer, mine) as (follower, told):
             # what was down when the watch began: told, and in the snapshot a new agent stream gets
             assert await until(lambda: len(told) == 1)
             assert (told[0].host, told[0].device, told[0].gid) == ("h0", "mlx5_1", "::ffff:198.18.1.1")
@@ -69,12 +75,6 @@ def test_a_peers_nic_going_down_and_back_is_told_with_its_host_and_gid(etcd: Etc
             assert await until(lambda: not follower.records)
             assert follower.down() == [] and len(told) == 3
             assert all(e.host == "h0" for e in told)  # never our own NICs
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await mine.stop()
-            await peer.stop()
 
     asyncio.run(scenario())
 
@@ -84,19 +84,10 @@ def test_an_unreadable_record_is_skipped(etcd: EtcdProcess) -> None:
         peer, mine = registry(etcd, "h0"), registry(etcd, "h1")
         await peer.start()
         await mine.start()
-        told: list[common_pb2.NicEvent] = []
-        follower = PeerNics(mine, "h1", told.append)
-        task = asyncio.create_task(follower.run())
-        try:
+        async with following(peer, mine) as (follower, told):
             peer.put("nics/h0/mlx5_0", "{not json")
             peer.put("nics/h0/mlx5_1", nic("mlx5_1", DOWN, "operator_fail"))
             assert await until(lambda: len(told) == 1)
             assert told[0].device == "mlx5_1" and set(follower.records) == {("h0", "mlx5_1")}
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await mine.stop()
-            await peer.stop()
 
     asyncio.run(scenario())

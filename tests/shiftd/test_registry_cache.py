@@ -11,11 +11,11 @@ import base64
 import json
 import time
 import urllib.request
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from etcd_fixtures import out_of_reach
+from waiting import until
 
 from shiftd.registry import Registry
 from shiftlab.etcdproc import EtcdProcess
@@ -36,15 +36,6 @@ def ranges(member: EtcdProcess) -> int:
             if line.startswith("etcd_mvcc_range_total "):
                 return int(float(line.split()[1]))
     raise AssertionError("no etcd_mvcc_range_total")
-
-
-async def until(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
 
 
 def held(member: EtcdProcess, prefix: str) -> dict[str, str]:
