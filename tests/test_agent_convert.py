@@ -29,9 +29,15 @@ def test_a_nic_event_becomes_a_nic_change(proto: int, state: NicState) -> None:
         reason="carrier lost",
         time_unix_nanos=1_700_000_000_000_000_000,
         monotonic_nanos=123_456_789,
+        gid="::ffff:198.18.0.10",
     )
     assert nic_change(event) == NicChange(
-        device="mlx5_0", state=state, reason="carrier lost", monotonic_nanos=123_456_789
+        device="mlx5_0",
+        state=state,
+        reason="carrier lost",
+        monotonic_nanos=123_456_789,
+        host="h0",
+        gid="::ffff:198.18.0.10",
     )
 
 

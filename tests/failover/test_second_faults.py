@@ -123,7 +123,9 @@ def test_the_default_recovers_and_fails_again_during_the_handshake(lab: Lab) -> 
 @pytest.mark.parametrize("host", ["h1", "h0"], ids=["receivers-backup", "senders-backup"])
 def test_the_backup_fails_during_the_handshake(lab: Lab, host: str) -> None:
     """mlx5_1 fails while h0's notification is in flight on it. On h1 it is lost (h0 finds out by the ack
-    deadline); on h0 shiftd says so at once. Either way h0's application gets a clear error."""
+    deadline); on h0 shiftd says so at once. Either way h0's application gets a clear error. h1 never heard
+    of the switch; when both of h0's NICs failed it may have heard from etcd, through its shiftd, that its
+    QP has no path left (lost.py) before it was told to stop."""
     try:
         with patient_stream(lab, PATIENT) as stream:
             with handshake_held(lab, stream, PATIENT):
@@ -133,7 +135,8 @@ def test_the_backup_fails_during_the_handshake(lab: Lab, host: str) -> None:
         recover_everything(lab)
     assert_clean_error(sent, received)
     assert sent["finals"] == ["broken"], sent
-    assert received["finals"] == ["default"], received  # it never heard of the switch
+    told_no_path = [["broken"]] if host == "h0" else []
+    assert received["finals"] in [["default"], *told_no_path], received
 
 
 @pytest.mark.parametrize("host", ["h0", "h1"], ids=["senders-nics", "receivers-nics"])
