@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -39,6 +38,7 @@ from shiftd.ratelimit import RateLimiter
 from shiftd.registry import EtcdSecurity, Registry
 from shiftd.sdnotify import Notifier
 from shiftd.server import start_grpc
+from shiftd.tasks import cancel_and_wait
 
 log = logging.getLogger("shiftd")
 SETTLE_SECONDS = 2.0
@@ -212,11 +212,7 @@ class Daemon:
         await self.relay.close()
         if self._grpc is not None:
             await self._grpc.stop(grace=0.5)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         if self._hold_timer is not None:  # after the monitors, whose inputs set it again
             self._hold_timer.cancel()
         await self.faults.close()

@@ -16,7 +16,6 @@ classic BPF filters nor tbf's 64-bit rates, so those go through `tc`; everything
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from pyroute2 import AsyncIPRoute
@@ -24,6 +23,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from shiftd.fault_spec import Fault, format_rate
 from shiftd.nic import FaultMode
+from shiftd.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +103,7 @@ class FaultInjector:
     async def _undo(self, ipr: AsyncIPRoute, netdev: str, index: int) -> None:
         flapper = self._flappers.pop(netdev, None)
         if flapper is not None:
-            flapper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await flapper
+            await cancel_and_wait([flapper])
         qdiscs = [(q.get("kind"), q["handle"]) async for q in await ipr.get_qdiscs(index=index)]
         if any(kind == "clsact" for kind, _ in qdiscs):
             await ipr.tc("del", "clsact", index)

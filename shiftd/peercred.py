@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shiftd.tasks import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 _UCRED = struct.Struct("3i")
@@ -217,11 +219,7 @@ class PeerCredRelay:
             if not self._held:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.public_path)
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         for splice in list(self._live):
             if splice.transport is not None:
                 splice.transport.close()

@@ -27,6 +27,7 @@ from shiftd.registry_conn import (
     wait_event,
 )
 from shiftd.registry_watch import PUT, WatchEvent, watch_range
+from shiftd.tasks import cancel_and_wait
 
 __all__ = ["EtcdSecurity", "Registry", "RegistryUnavailable", "WatchEvent"]
 
@@ -114,8 +115,7 @@ class Registry:
         """
         if self._task is None:
             return
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait([self._task])
         self._task = None
         await self.cache.close()
         if revoke and self._lease_id is not None:

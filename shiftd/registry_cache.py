@@ -14,12 +14,12 @@ by the watch's PUT. A group nobody looked up for `idle` seconds is dropped with 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from aetcd.utils import prefix_range_end
 
 from shiftd.registry_conn import EtcdLink
 from shiftd.registry_watch import PUT, watch_range
+from shiftd.tasks import cancel_and_wait
 
 CACHED_KINDS = ("qp", "mr")  # peers' mappings; hosts/ and nics/ are read rarely and stay direct
 IDLE_SECONDS = 600.0  # a job's start and its first minutes; a failover later reads each group once again
@@ -147,10 +147,7 @@ class PeerCache:
     async def close(self) -> None:
         tasks = [g.task for g in self._groups.values() if g.task is not None]
         self._groups.clear()
-        for task in tasks:
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
 
 
 def group_name(key: str) -> str | None:
