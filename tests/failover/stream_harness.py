@@ -448,7 +448,9 @@ def run_stream(
             if then:
                 stream.sender.send(**then)
             assert stream.sender.read("state")["state"] == "fallback"
-            time.sleep(0.5)  # traffic on the backup path
+            # traffic on the backup path, long enough for the receiver's side to see its move in the stream
+            # (under emulation it saw it once, after the last message, in 0.5 s)
+            time.sleep(0.5 * stream.patience)
             sent, received = stream.finish()
             # checked in the stream's block, so that a failure shows what the peers logged
             cycle = ["fallback", "default"] * failbacks + ["fallback"]
