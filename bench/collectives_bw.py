@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 import numpy as np
+from lab_ranks import on_hosts
 
 from libshift.collectives import Communicator, FileStore
 from libshift.collectives.ring import CHUNK
@@ -199,19 +200,6 @@ def write_bw(lab: Lab) -> float:
         server.wait(timeout=60)
 
 
-def on_hosts(lab: Lab, what: str, argvs: list[list[str]]) -> list[str]:
-    """Run argvs[i] on host h{i}, all at once; their outputs, once every one has succeeded."""
-    procs = []
-    for host, argv in enumerate(argvs):
-        argv, env = lab.exec_command(f"h{host}", argv)
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    outputs = [proc.communicate(timeout=1800) for proc in procs]
-    for host, (proc, (_, err)) in enumerate(zip(procs, outputs, strict=True)):
-        if proc.returncode != 0:
-            raise SystemExit(f"collectives_bw: {what} on h{host} failed: {err.decode().strip()[-2000:]}")
-    return [out.decode() for out, _ in outputs]
-
-
 def baselines(lab: Lab) -> tuple[float, float, float]:
     """write_bw one way, then both ways through the provider and over plain TCP (bytes/s per direction)."""
     return write_bw(lab), bidir_bw(lab), bidir_bw(lab, raw=True)
@@ -222,7 +210,9 @@ def bidir_bw(lab: Lab, raw: bool = False) -> float:
     bytes over the time from the common start to the later end; the provider's, or with `raw` plain TCP's."""
     with tempfile.TemporaryDirectory(prefix="cb-") as tmp:
         me = [sys.executable, __file__, "--store", tmp, *(["--raw"] if raw else []), "--bidir"]
-        sides = [json.loads(out) for out in on_hosts(lab, "bidir", [[*me, "0"], [*me, "1"]])]
+        sides = [
+            json.loads(out) for out in on_hosts(lab, "collectives_bw", "bidir", [[*me, "0"], [*me, "1"]])
+        ]
     seconds = max(side["end"] for side in sides) - sides[0]["start"]
     return sum(side["bytes"] for side in sides) / 2 / seconds
 
@@ -231,7 +221,9 @@ def all_reduce_rows(lab: Lab, ranks: int, sizes: list[int]) -> dict:
     with tempfile.TemporaryDirectory(prefix="cb-") as tmp:
         me = [sys.executable, __file__, "--ranks", str(ranks), "--store", tmp]
         me += ["--sizes", ",".join(map(str, sizes))]
-        outputs = on_hosts(lab, "rank", [[*me, "--rank", str(rank)] for rank in range(ranks)])
+        outputs = on_hosts(
+            lab, "collectives_bw", "rank", [[*me, "--rank", str(rank)] for rank in range(ranks)]
+        )
     return json.loads(outputs[0])
 
 

@@ -7,6 +7,7 @@ ring, and copies results back out where it copied.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -18,6 +19,10 @@ from libshift.collectives.errors import CollectiveError
 from libshift.collectives.ops import ReduceOp
 from libshift.collectives.ring import CHUNK, Ring
 from libshift.collectives.store import Store
+
+# An all-reduce of at most this many bytes all-gathers the arrays and reduces them on every rank in rank
+# order: a small array's time is the ring's steps, not its bytes (see docs/collectives.md)
+SMALL_ALL_REDUCE = 64 << 10
 
 
 class Communicator:
@@ -59,6 +64,11 @@ class Communicator:
         op = ops.check_op(op, a.dtype)
         ring = self._live()
         if ring is None or a.size == 0:
+            return
+        if a.nbytes <= SMALL_ALL_REDUCE:  # one all-gather of n-1 steps, not the ring's 2(n-1)
+            rows = np.empty((self.world_size, *a.shape), a.dtype)
+            self.all_gather(list(rows), a)
+            ops.reduce_rows(op, rows, a)
             return
         item = a.itemsize
         segments = [(lo * item, (hi - lo) * item) for lo, hi in ops.segment_bounds(a.size, self.world_size)]
@@ -104,6 +114,53 @@ class Communicator:
         outs[self.rank] = out
         steps = plan.reduce_scatter(segments, self.rank)
         self._run(ring, steps, out.nbytes, ins, outs, out.dtype, op)
+
+    def reduce(self, array: object, root: int, op: ReduceOp = ReduceOp.SUM) -> None:
+        """The root's array <- op over the ranks' arrays; the other ranks' arrays stay as they were. An
+        all-reduce (on a copy off the root): the ring has no cheaper path to one rank."""
+        self._check_rank(root, "root")
+        a = ops.as_array(array, "array", writable=self.rank == root)
+        self.all_reduce(a if self.rank == root else a.copy(), op)
+
+    def gather(self, outputs: Sequence[object] | None, array: object, root: int) -> None:
+        """At the root, outputs[r] <- rank r's array (`outputs` is not used on the other ranks)."""
+        self._check_rank(root, "root")
+        a = ops.as_array(array, "array", writable=False)
+        if self.rank != root:
+            outputs = [np.empty_like(a) for _ in range(self.world_size)]
+        self.all_gather(outputs, a)
+
+    def scatter(self, output: object, inputs: Sequence[object] | None, root: int) -> None:
+        """output <- the root's inputs[rank] (`inputs` is not used on the other ranks)."""
+        self._check_rank(root, "root")
+        out = ops.as_array(output, "output", writable=True)
+        whole = np.empty((self.world_size, *out.shape), out.dtype)
+        if self.rank == root:
+            for q, a in enumerate(self._arrays_like(inputs, out, "inputs", writable=False)):
+                whole[q] = a
+        self.broadcast(whole, root)
+        np.copyto(out, whole[self.rank])
+
+    def all_to_all(self, outputs: Sequence[object], inputs: Sequence[object]) -> None:
+        """outputs[q] <- rank q's inputs[rank]. The arrays' sizes may differ (each pair must agree); every
+        rank's inputs, laid end to end and padded to the longest, go round as one all-gather."""
+        n = self.world_size
+        ins = self._per_rank(inputs, "inputs", writable=False)
+        outs = self._per_rank(outputs, "outputs", writable=True)
+        sizes = np.array([a.nbytes for a in ins] + [a.nbytes for a in outs], np.int64)
+        table = [np.empty_like(sizes) for _ in range(n)]  # every rank's bytes sent to, received from each
+        self.all_gather(table, sizes)
+        for q, p in itertools.product(range(n), repeat=2):  # every rank finds the same mistake
+            if table[q][p] != table[p][n + q]:
+                sent, taken = table[q][p], table[p][n + q]
+                raise ValueError(f"all_to_all: rank {q} sends {sent} bytes to rank {p}, which takes {taken}")
+        block = np.zeros(max(int(row[:n].sum()) for row in table), np.uint8)
+        np.concatenate([a.reshape(-1).view(np.uint8) for a in ins], out=block[: int(sizes[:n].sum())])
+        blocks = [np.empty_like(block) for _ in range(n)]
+        self.all_gather(blocks, block)
+        for q, out in enumerate(outs):
+            start = int(table[q][: self.rank].sum())
+            np.copyto(out.reshape(-1).view(np.uint8), blocks[q][start : start + out.nbytes])
 
     def barrier(self) -> None:
         """Return once every rank has entered the barrier: one byte from each rank goes round the ring."""
@@ -161,20 +218,24 @@ class Communicator:
                 np.copyto(a.reshape(-1).view(np.uint8), region.data[q * size : (q + 1) * size])
 
     def _arrays_like(
-        self, arrays: Sequence[object], like: np.ndarray, what: str, writable: bool
+        self, arrays: Sequence[object] | None, like: np.ndarray, what: str, writable: bool
     ) -> list[np.ndarray]:
         """One array per rank, each of `like`'s shape and dtype."""
-        if isinstance(arrays, (str, bytes)) or not isinstance(arrays, Sequence):
-            raise TypeError(f"{what}: expected a list of {self.world_size} arrays")
-        if len(arrays) != self.world_size:
-            raise ValueError(f"{what}: expected {self.world_size} arrays (one per rank), got {len(arrays)}")
-        found = [ops.as_array(a, f"{what}[{q}]", writable) for q, a in enumerate(arrays)]
+        found = self._per_rank(arrays, what, writable)
         for q, a in enumerate(found):
             if a.dtype != like.dtype:
                 raise TypeError(f"{what}[{q}]: dtype {a.dtype} does not match {like.dtype}")
             if a.shape != like.shape:
                 raise ValueError(f"{what}[{q}]: shape {a.shape} does not match {like.shape}")
         return found
+
+    def _per_rank(self, arrays: Sequence[object] | None, what: str, writable: bool) -> list[np.ndarray]:
+        """One array per rank."""
+        if isinstance(arrays, (str, bytes)) or not isinstance(arrays, Sequence):
+            raise TypeError(f"{what}: expected a list of {self.world_size} arrays")
+        if len(arrays) != self.world_size:
+            raise ValueError(f"{what}: expected {self.world_size} arrays (one per rank), got {len(arrays)}")
+        return [ops.as_array(a, f"{what}[{q}]", writable) for q, a in enumerate(arrays)]
 
     def _check_rank(self, value: object, what: str) -> None:
         if not isinstance(value, int) or not 0 <= value < self.world_size:

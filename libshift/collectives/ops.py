@@ -65,6 +65,14 @@ def finish(op: ReduceOp, reduced: np.ndarray, world_size: int) -> None:
         np.divide(reduced, world_size, out=reduced)
 
 
+def reduce_rows(op: ReduceOp, rows: np.ndarray, out: np.ndarray) -> None:
+    """out <- op over rows[0], rows[1], ... combined in that order (every rank the same order), finished."""
+    np.copyto(out, rows[0])
+    for row in rows[1:]:
+        UFUNCS[op](out, row, out=out)
+    finish(op, out, len(rows))
+
+
 def ring_order(segment: int, world_size: int) -> list[int]:
     """The ranks whose values make segment `segment`, in the order they are combined: the ring starts each
     segment on the rank after the one that ends up owning it, so segment j is

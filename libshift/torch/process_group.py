@@ -8,6 +8,7 @@ naming the call, never a silent fallback.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -28,6 +29,12 @@ SUPPORTED = ", ".join(
         "all_gather_single (all_gather_into_tensor)",
         "reduce_scatter",
         "reduce_scatter_single (reduce_scatter_tensor)",
+        "their coalesced forms",
+        "reduce",
+        "gather",
+        "scatter",
+        "all_to_all",
+        "all_to_all_single",
         "barrier",
     )
 )
@@ -38,14 +45,6 @@ UNSUPPORTED = {
     "send": "send",
     "recv": "recv",
     "recv_anysource": "recv",
-    "gather": "gather",
-    "scatter": "scatter",
-    "reduce": "reduce",
-    "alltoall": "all_to_all",
-    "all_to_all_single": "all_to_all_single",
-    "allgather_coalesced": "all_gather_coalesced",
-    "all_gather_single_coalesced": "all_gather_single (coalesced)",
-    "reduce_scatter_single_coalesced": "reduce_scatter_single (coalesced)",
 }
 
 
@@ -67,6 +66,7 @@ class ShiftProcessGroup(dist.ProcessGroup):
             store, rank, world_size, self.device, prefix=f"shift/{attempt}", timeout=seconds
         )
         self._runner = SerialRunner(f"shift-pg-r{rank}")
+        self._group_name = ""  # until torch names the group
 
     @property
     def resilient(self) -> bool:
@@ -75,6 +75,15 @@ class ShiftProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    # torch names each group (DeviceMesh, and so FSDP2, asks for the name); a ProcessGroup keeps its name in
+    # its C++ backends, which a group written in Python has none of, so the name is kept here
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
 
     def __repr__(self) -> str:
         return f"ShiftProcessGroup(rank={self.rank()}, size={self.size()}, device={self.device!r})"
@@ -106,14 +115,30 @@ class ShiftProcessGroup(dist.ProcessGroup):
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: object = None
     ) -> ShiftWork:
         one_each(inputs, outputs, "all_gather")
-        out = [raw(t, "all_gather") for t in outputs[0]]
-        array = raw(inputs[0], "all_gather")
-        return self._runner.submit("all_gather", outputs, lambda: self._comm.all_gather(out, array))
+        return self.allgather_coalesced(outputs, inputs, call="all_gather")
+
+    def allgather_coalesced(
+        self,
+        outputs: list[list[torch.Tensor]],
+        inputs: list[torch.Tensor],
+        opts: object = None,
+        call: str = "all_gather_coalesced",
+    ) -> ShiftWork:
+        pairs = [([raw(t, call) for t in out], raw(t, call)) for out, t in paired(outputs, inputs, call)]
+        return self._runner.submit(call, outputs, lambda: self._each(self._comm.all_gather, pairs))
 
     def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: object = None) -> ShiftWork:
-        out = self._rows(raw(output, "all_gather_single"), "all_gather_single")
-        array = raw(tensor, "all_gather_single")
-        return self._runner.submit("all_gather_single", [output], lambda: self._comm.all_gather(out, array))
+        return self.all_gather_single_coalesced([output], [tensor], call="all_gather_single")
+
+    def all_gather_single_coalesced(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: object = None,
+        call: str = "all_gather_single_coalesced",
+    ) -> ShiftWork:
+        pairs = [(self._rows(raw(o, call), call), raw(t, call)) for o, t in paired(outputs, inputs, call)]
+        return self._runner.submit(call, outputs, lambda: self._each(self._comm.all_gather, pairs))
 
     def reduce_scatter(
         self,
@@ -130,21 +155,98 @@ class ShiftProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single(
         self, output: torch.Tensor, tensor: torch.Tensor, opts: dist.ReduceScatterOptions | None = None
     ) -> ShiftWork:
-        op = reduce_op(opts, "reduce_scatter_single")
-        out = numbers(output, "reduce_scatter_single")
-        ins = self._rows(numbers(tensor, "reduce_scatter_single"), "reduce_scatter_single")
-        return self._runner.submit(
-            "reduce_scatter_single", [output], lambda: self._comm.reduce_scatter(out, ins, op)
-        )
+        return self.reduce_scatter_single_coalesced([output], [tensor], opts, call="reduce_scatter_single")
+
+    def reduce_scatter_single_coalesced(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: dist.ReduceScatterOptions | None = None,
+        call: str = "reduce_scatter_single_coalesced",
+    ) -> ShiftWork:
+        op = reduce_op(opts, call)
+        pairs = paired(outputs, inputs, call)
+        calls = [(numbers(o, call), self._rows(numbers(t, call), call), op) for o, t in pairs]
+        return self._runner.submit(call, outputs, lambda: self._each(self._comm.reduce_scatter, calls))
+
+    def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions | None = None) -> ShiftWork:
+        opts = opts or dist.ReduceOptions()
+        op = reduce_op(opts, "reduce")
+        arrays = [numbers(t, "reduce") for t in tensors]
+
+        def run() -> None:
+            for array in arrays:
+                self._comm.reduce(array, opts.rootRank, op)
+
+        return self._runner.submit("reduce", tensors, run)
+
+    def gather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: dist.GatherOptions
+    ) -> ShiftWork:
+        root = opts.rootRank
+        one_each(inputs, outputs if self.rank() == root else [[]], "gather")
+        out = [raw(t, "gather") for t in outputs[0]] if self.rank() == root else None
+        array = raw(inputs[0], "gather")
+        return self._runner.submit("gather", outputs, lambda: self._comm.gather(out, array, root))
+
+    def scatter(
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: dist.ScatterOptions
+    ) -> ShiftWork:
+        root = opts.rootRank
+        one_each(outputs, inputs if self.rank() == root else [[]], "scatter")
+        ins = [raw(t, "scatter") for t in inputs[0]] if self.rank() == root else None
+        out = raw(outputs[0], "scatter")
+        return self._runner.submit("scatter", outputs, lambda: self._comm.scatter(out, ins, root))
+
+    def alltoall(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: object = None
+    ) -> ShiftWork:
+        outs = [raw(t, "all_to_all") for t in outputs]
+        ins = [raw(t, "all_to_all") for t in inputs]
+        return self._runner.submit("all_to_all", outputs, lambda: self._comm.all_to_all(outs, ins))
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: object = None,
+    ) -> ShiftWork:
+        call = "all_to_all_single"
+        outs = self._splits(output, output_split_sizes, call)
+        ins = self._splits(tensor, input_split_sizes, call)
+        return self._runner.submit(call, [output], lambda: self._comm.all_to_all(outs, ins))
 
     def barrier(self, opts: object = None) -> ShiftWork:
         return self._runner.submit("barrier", None, self._comm.barrier)
+
+    @staticmethod
+    def _each(collective: Callable[..., None], calls: list[tuple]) -> None:
+        for args in calls:
+            collective(*args)
 
     def _rows(self, flat: np.ndarray, call: str) -> list[np.ndarray]:
         """A tensor holding one equal part per rank, as the list of those parts (views)."""
         if flat.size % self.size():
             raise ValueError(f"{call}: {flat.size} elements cannot be cut into {self.size()} equal parts")
         return list(flat.reshape(self.size(), -1))
+
+    def _splits(self, tensor: torch.Tensor, rows: list[int], call: str) -> list[np.ndarray]:
+        """A tensor cut along its first dimension into one part per rank (byte views): `rows` of it each, or
+        equal parts when `rows` is empty."""
+        flat = raw(tensor, call)
+        first = tensor.shape[0] if tensor.dim() else 1
+        if not rows:
+            if first % self.size():
+                raise ValueError(f"{call}: {first} rows cannot be cut into {self.size()} equal parts")
+            rows = [first // self.size()] * self.size()
+        if len(rows) != self.size() or sum(rows) != first or min(rows) < 0:
+            parts = self.size()
+            raise ValueError(f"{call}: split sizes {list(rows)} do not cut {first} rows into {parts} parts")
+        row = flat.size // first if first else 0
+        cuts = np.cumsum([0, *rows]) * row
+        return [flat[lo:hi] for lo, hi in itertools.pairwise(cuts)]
 
     def shutdown(self) -> None:
         """destroy_process_group(): finish what is queued, then take the ring down."""
@@ -180,6 +282,13 @@ def one_each(single: Sequence[object], nested: Sequence[Sequence[object]], call:
     """torch's list-of-lists forms carry one tensor per process here (no multi-device ranks)."""
     if len(single) != 1 or len(nested) != 1:
         raise ValueError(f"{call}: the {BACKEND} backend takes one tensor (list) per process")
+
+
+def paired(outputs: Sequence[object], inputs: Sequence[object], call: str) -> list[tuple]:
+    """A coalesced call's outputs and inputs, one of each per collective."""
+    if len(outputs) != len(inputs):
+        raise ValueError(f"{call}: {len(outputs)} outputs for {len(inputs)} inputs")
+    return list(zip(outputs, inputs, strict=True))
 
 
 def tensor_memory(tensor: torch.Tensor, call: str) -> torch.Tensor:

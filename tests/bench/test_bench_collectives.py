@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import socket
+import sys
 import threading
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "collectives_bw.py"
+sys.path.insert(0, str(BENCH.parent))  # the benches import each other
 spec = importlib.util.spec_from_file_location("collectives_bw", BENCH)
 assert spec is not None and spec.loader is not None
 collectives_bw = importlib.util.module_from_spec(spec)

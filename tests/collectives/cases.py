@@ -8,17 +8,19 @@ must match bit for bit.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from libshift.collectives import ReduceOp
+from libshift.collectives.communicator import SMALL_ALL_REDUCE
 from libshift.collectives.ops import UFUNCS, finish, ring_order, segment_bounds
 
 
 @dataclass(frozen=True)
 class Case:
-    collective: str  # all_reduce, broadcast, all_gather, reduce_scatter, barrier
+    collective: str  # all_reduce, broadcast, all_gather, reduce_scatter, reduce, gather, scatter, all_to_all,
+    # barrier
     dtype: str = "float32"
     count: int = 0  # elements of each rank's array
     op: str = "SUM"
@@ -50,6 +52,11 @@ def make_input(case: Case, index: int, rank: int, part: int = 0) -> np.ndarray:
     return values.astype(dtype)
 
 
+def all_to_all_piece(case: Case, index: int, source: int, target: int) -> np.ndarray:
+    """What rank `source` sends rank `target` in an all_to_all case: every pair a size of its own."""
+    return make_input(replace(case, count=case.count + source + 2 * target), index, source, part=target)
+
+
 def reduce_in_ring_order(op: ReduceOp, values: list[np.ndarray], segment: int) -> np.ndarray:
     """numpy's op over the ranks' values of one segment, combined in the ring's order."""
     ufunc = UFUNCS[op]
@@ -60,6 +67,16 @@ def reduce_in_ring_order(op: ReduceOp, values: list[np.ndarray], segment: int) -
 
 
 def all_reduce(op: ReduceOp, inputs: list[np.ndarray]) -> np.ndarray:
+    """The Communicator's all-reduce: a small array's combined in rank order, a larger one's in the ring's."""
+    if 0 < inputs[0].nbytes <= SMALL_ALL_REDUCE:
+        result = functools.reduce(lambda acc, x: UFUNCS[op](acc, x), inputs[1:], inputs[0].copy())
+        finish(op, result, len(inputs))
+        return result
+    return ring_all_reduce(op, inputs)
+
+
+def ring_all_reduce(op: ReduceOp, inputs: list[np.ndarray]) -> np.ndarray:
+    """The ring schedule's all-reduce (plan.all_reduce), whatever the size."""
     count, world = inputs[0].size, len(inputs)
     pieces = [
         reduce_in_ring_order(op, [x[lo:hi] for x in inputs], j)
@@ -77,6 +94,16 @@ def expected(case: Case, index: int, rank: int, world: int) -> list[np.ndarray]:
         return [make_input(case, index, case.root)]
     if case.collective == "all_gather":
         return [make_input(case, index, q) for q in range(world)]
+    if case.collective == "reduce":
+        if rank != case.root:  # the others' arrays stay as they were
+            return [make_input(case, index, rank)]
+        return [all_reduce(case.reduce_op, [make_input(case, index, q) for q in range(world)])]
+    if case.collective == "gather":
+        return [make_input(case, index, q) for q in range(world)] if rank == case.root else []
+    if case.collective == "scatter":
+        return [make_input(case, index, case.root, part=rank)]
+    if case.collective == "all_to_all":
+        return [all_to_all_piece(case, index, q, rank) for q in range(world)]
     if case.collective == "reduce_scatter":
         parts = [make_input(case, index, q, part=rank) for q in range(world)]
         return [reduce_in_ring_order(case.reduce_op, parts, rank)]

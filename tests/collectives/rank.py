@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from cases import Case, make_input
+from cases import Case, all_to_all_piece, make_input
 
 from libshift.collectives import CollectiveError, Communicator, FileStore, ReduceOp
 
@@ -59,6 +59,20 @@ def run_case(comm: Communicator, case: Case, index: int, out: Path) -> None:
         inputs = [make_input(case, index, rank, part=q) for q in range(world)]
         results = [np.zeros_like(mine)]
         comm.reduce_scatter(handed(case, results[0]), [handed(case, x) for x in inputs], case.reduce_op)
+    elif case.collective == "reduce":
+        comm.reduce(handed(case, mine), case.root, case.reduce_op)
+        results = [mine]
+    elif case.collective == "gather":
+        results = [np.zeros_like(mine) for _ in range(world)] if rank == case.root else []
+        comm.gather([handed(case, r) for r in results] or None, handed(case, mine), case.root)
+    elif case.collective == "scatter":
+        inputs = [make_input(case, index, rank, part=q) for q in range(world)] if rank == case.root else []
+        results = [np.zeros_like(mine)]
+        comm.scatter(handed(case, results[0]), [handed(case, x) for x in inputs] or None, case.root)
+    elif case.collective == "all_to_all":
+        inputs = [all_to_all_piece(case, index, rank, q) for q in range(world)]
+        results = [np.zeros_like(all_to_all_piece(case, index, q, rank)) for q in range(world)]
+        comm.all_to_all([handed(case, r) for r in results], [handed(case, x) for x in inputs])
     else:
         comm.barrier()
     for k, result in enumerate(results):

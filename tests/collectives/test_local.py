@@ -84,6 +84,14 @@ def test_one_rank_needs_no_fabric_and_keeps_its_values(solo: Communicator) -> No
     scattered = np.zeros(5, np.float32)
     solo.reduce_scatter(scattered, [x * 2], ReduceOp.SUM)
     assert scattered.tolist() == [0, 2, 4, 6, 8]
+    solo.reduce(x, root=0, op=ReduceOp.MAX)
+    gathered = [np.zeros(5, np.float32)]
+    solo.gather(gathered, x, root=0)
+    solo.scatter(scattered, [x + 1], root=0)
+    mine = [np.zeros(2, np.int16)]
+    solo.all_to_all(mine, [np.array([7, 9], np.int16)])
+    assert x.tolist() == gathered[0].tolist() == [0, 1, 2, 3, 4]
+    assert scattered.tolist() == [1, 2, 3, 4, 5] and mine[0].tolist() == [7, 9]
     assert not solo.resilient
 
 
@@ -97,6 +105,10 @@ def test_user_mistakes_are_one_line_errors(solo: Communicator, tmp_path) -> None
         solo.all_gather([np.zeros(4, np.float32)], x)
     with pytest.raises(ValueError, match=r"inputs\[0\]: shape \(5,\) does not match \(4,\)"):
         solo.reduce_scatter(x, [np.zeros(5, np.int32)])
+    with pytest.raises(ValueError, match=r"all_to_all: rank 0 sends 8 bytes to rank 0, which takes 4"):
+        solo.all_to_all([np.zeros(1, np.int32)], [np.zeros(2, np.int32)])
+    with pytest.raises(ValueError, match=r"inputs: expected 1 arrays \(one per rank\), got 0"):
+        solo.scatter(x, [], root=0)
     with pytest.raises(TypeError, match="BAND needs an integer or bool dtype"):
         solo.all_reduce(np.zeros(3), ReduceOp.BAND)
     with pytest.raises(ValueError, match=r"rank must be in \[0, 2\), got 2"):

@@ -2,7 +2,8 @@
 
 It does not import libshift: `init_process_group(backend="shift")` must work through torch's backend
 autoload alone. It prints JSON lines: {"rank", "device", "backend", "resilient"} once the group is up;
-{"checks"}, each collective's outcome ("ok" or what was wrong); {"errors"}, the error of each unsupported
+{"checks"}, each collective's outcome ("ok" or what was wrong; the calls beyond the ring's own, DDP with
+no_sync and a second shift group against a gloo group's results); {"errors"}, the error of each unsupported
 call and mistake; {"step"} after each DDP step and {"params"}, a SHA-256 of the parameters after training.
 With --pause-at it trains the same way a second time ({"paused_params"}), rank 0 printing {"paused"} and
 waiting for --resume-file after that step (the test fails a NIC meanwhile); with --gloo-reference, once more
@@ -12,12 +13,13 @@ over a gloo group ({"gloo_params"}).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -31,11 +33,8 @@ MISTAKES = {
 }
 UNSUPPORTED = {
     "send": lambda t: dist.send(t, dst=1 - dist.get_rank()),
-    "gather": lambda t: dist.gather(
-        t, [torch.zeros_like(t)] * dist.get_world_size() if dist.get_rank() == 0 else None, dst=0
-    ),
-    "all_to_all_single": lambda t: dist.all_to_all_single(torch.zeros_like(t), t),
-    "reduce": lambda t: dist.reduce(t, dst=0),
+    "recv": lambda t: dist.recv(t, src=1 - dist.get_rank()),
+    "monitored_barrier": lambda t: dist.monitored_barrier(),
 }
 
 
@@ -68,6 +67,10 @@ def expected_reduce(op: dist.ReduceOp, dtype: torch.dtype, world: int) -> torch.
     for other in inputs[1:]:
         result = combine[op](result, other)
     return result / world if op == dist.ReduceOp.AVG else result
+
+
+def same_digest(got: str, want: str) -> str:
+    return "ok" if got == want else f"digest {got}, want {want}"
 
 
 def same(got: torch.Tensor, want: torch.Tensor) -> str:
@@ -121,6 +124,68 @@ def check_collectives(rank: int, world: int) -> dict[str, str]:
     return outcome
 
 
+def against_gloo(rank: int, world: int) -> dict[str, str]:
+    """The calls beyond the ring's own, each on the shift group and on a gloo group with the same inputs:
+    the results must be the same bits. Also a second shift group (new_group) and DDP with no_sync."""
+    gloo = dist.new_group(backend="gloo")
+    second = dist.new_group()  # a second shift group: its own ring beside the default one
+    peers = list(range(world))
+
+    def reduce(group: object) -> list[torch.Tensor]:
+        t = values(rank, torch.float64)
+        dist.reduce(t, dst=world - 1, op=dist.ReduceOp.MAX, group=group)
+        return [t] if rank == world - 1 else []  # elsewhere gloo leaves partial results
+
+    def gather(group: object) -> list[torch.Tensor]:
+        out = [torch.zeros(8, dtype=torch.int32) for _ in peers] if rank == 0 else None
+        dist.gather(values(rank, torch.int32), out, dst=0, group=group)
+        return out or []
+
+    def scatter(group: object) -> list[torch.Tensor]:
+        out = torch.zeros(8, dtype=torch.bfloat16)
+        parts = [values(q, torch.bfloat16) * 3 for q in peers] if rank == world - 1 else None
+        dist.scatter(out, parts, src=world - 1, group=group)
+        return [out]
+
+    def all_to_all(group: object) -> list[torch.Tensor]:
+        outs = [torch.zeros(3) for _ in peers]  # gloo's all_to_all takes tensors of one size only
+        dist.all_to_all(outs, [values(rank, torch.float32)[q : q + 3] for q in peers], group=group)
+        return outs
+
+    def all_to_all_single(group: object) -> list[torch.Tensor]:
+        out = torch.zeros(2 * world, 3, dtype=torch.int64)
+        dist.all_to_all_single(out, torch.arange(6 * world).reshape(2 * world, 3) * (rank + 1), group=group)
+        return [out]
+
+    def all_to_all_uneven(group: object) -> list[torch.Tensor]:
+        sent = [rank + q + 1 for q in peers]  # rows this rank sends rank q
+        taken = [q + rank + 1 for q in peers]
+        out = torch.zeros(sum(taken), 2)
+        rows = torch.arange(2 * sum(sent), dtype=torch.float32).reshape(-1, 2) + 100 * rank
+        dist.all_to_all_single(out, rows, output_split_sizes=taken, input_split_sizes=sent, group=group)
+        return [out]
+
+    def second_group(group: object) -> list[torch.Tensor]:
+        t = values(rank, torch.float32)
+        dist.all_reduce(t, group=second if group is None else group)
+        return [t]
+
+    def no_sync(group: object) -> list[torch.Tensor]:
+        return [torch.tensor(list(train(rank, 4, group, accumulate=2, say_steps=False).encode()))]
+
+    calls = [reduce, gather, scatter, all_to_all, all_to_all_single, all_to_all_uneven, second_group, no_sync]
+    outcome = {
+        "fully_shard as DDP over gloo": same_digest(
+            train_fsdp(rank, world, 3), train(rank, 3, gloo, say_steps=False)
+        )
+    }
+    for call in calls:
+        got, want = call(None), call(gloo)
+        same_bits = len(got) == len(want) and all(map(torch.equal, got, want))
+        outcome[f"{call.__name__} as gloo"] = "ok" if same_bits else f"got {got}, gloo {want}"
+    return outcome
+
+
 def check_errors(rank: int) -> dict[str, str]:
     """The error that each unsupported call and each mistake raises; the group must still work after."""
     tensor = values(rank, torch.float32)
@@ -140,29 +205,74 @@ def error_of(run: Callable[[], object]) -> str:
     return "no error"
 
 
-def train(rank: int, steps: int, group: dist.ProcessGroup | None = None, pause: Pause | None = None) -> str:
-    """A few DDP steps of a small MLP; each rank its own data. Returns a digest of the final parameters."""
+def mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8))
+
+
+def batch(data: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(32, 64, generator=data), torch.randn(32, 8, generator=data)
+
+
+def digest(parameters: Iterable[torch.Tensor]) -> str:
+    sha = hashlib.sha256()
+    for parameter in parameters:
+        sha.update(parameter.detach().numpy().tobytes())
+    return sha.hexdigest()
+
+
+def train(
+    rank: int,
+    steps: int,
+    group: dist.ProcessGroup | None = None,
+    pause: Pause | None = None,
+    accumulate: int = 1,
+    say_steps: bool = True,
+) -> str:
+    """A few DDP steps of a small MLP; each rank its own data. Returns a digest of the final parameters.
+    With `accumulate` > 1, each step's gradients sum that many batches, all but the last under no_sync."""
     torch.manual_seed(1234 + rank)  # different initial weights: DDP's broadcast from rank 0 must fix that
     model = DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8)),
+        mlp(),
         process_group=group,
         bucket_cap_mb=0.05,  # several buckets, so allreduces overlap the backward pass
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     data = torch.Generator().manual_seed(99 + rank)
     for step in range(steps):
-        x = torch.randn(32, 64, generator=data)
-        y = torch.randn(32, 8, generator=data)
         optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        for n in range(accumulate):
+            x, y = batch(data)
+            with model.no_sync() if n < accumulate - 1 else contextlib.nullcontext():
+                torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
-        say(step=step, rank=rank)
+        if say_steps:
+            say(step=step, rank=rank)
         if pause and rank == 0 and step == pause.at:
             pause.wait()
-    digest = hashlib.sha256()
-    for parameter in model.module.parameters():
-        digest.update(parameter.detach().numpy().tobytes())
-    return digest.hexdigest()
+    return digest(model.module.parameters())
+
+
+def train_fsdp(rank: int, world: int, steps: int) -> str:
+    """train()'s steps with the MLP sharded by FSDP2 (fully_shard) over the default group, from the initial
+    weights DDP starts from (rank 0's). Its gradients are AVG-reduce-scattered, DDP's pre-divided sums: with
+    two ranks the same bits."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(1234)
+    model = mlp()
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    data = torch.Generator().manual_seed(99 + rank)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        x, y = batch(data)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return digest(parameter.full_tensor() for parameter in model.parameters())
 
 
 class Pause:
@@ -191,7 +301,7 @@ def main() -> None:
     local_rank = int(os.environ["LOCAL_RANK"])
     backend = dist.get_backend()
     say(rank=rank, local_rank=local_rank, device=group.device, backend=backend, resilient=group.resilient)
-    say(checks=check_collectives(rank, world), rank=rank)
+    say(checks=check_collectives(rank, world) | against_gloo(rank, world), rank=rank)
     say(errors=check_errors(rank), rank=rank)
     say(params=train(rank, args.steps), rank=rank)
     if args.pause_at is not None:

@@ -81,6 +81,15 @@ def test_results_land_in_the_callers_tensors(group):
     assert work.get_future().wait() == [out]
 
 
+def test_all_to_all_single_cuts_along_the_first_dimension(group):
+    source = torch.arange(12, dtype=torch.int64).reshape(4, 3)
+    out = torch.zeros(4, 3, dtype=torch.int64)
+    assert group.all_to_all_single(out, source, [4], [4]).wait() and torch.equal(out, source)
+    wrong = r"^all_to_all_single: split sizes \[3\] do not cut 4 rows into 1 parts"
+    with pytest.raises(ValueError, match=wrong):
+        group.all_to_all_single(out, source, [4], [3])
+
+
 DDP_WITH_A_LOST_PATH = """
 from datetime import timedelta
 import torch, torch.distributed as dist
