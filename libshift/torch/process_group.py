@@ -38,6 +38,7 @@ SUPPORTED = ", ".join(
         "barrier",
     )
 )
+INLINE_BYTES = 64 << 10  # a call on this many bytes at most may run on the caller's thread (work.py)
 # torch's operators by name (PREMUL_SUM, a scaled sum torch builds for FSDP, has no counterpart)
 REDUCE_OPS = {getattr(dist.ReduceOp, op.name): op for op in ReduceOp}
 # ProcessGroup methods without a mapping, and the torch.distributed call a user made to reach each
@@ -96,7 +97,7 @@ class ShiftProcessGroup(dist.ProcessGroup):
             for array in arrays:
                 self._comm.all_reduce(array, op)
 
-        return self._runner.submit("all_reduce", tensors, run)
+        return self._submit("all_reduce", tensors, run)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: object = None) -> ShiftWork:
         return self.allreduce(tensors, opts)
@@ -109,7 +110,7 @@ class ShiftProcessGroup(dist.ProcessGroup):
             for array in arrays:
                 self._comm.broadcast(array, root)
 
-        return self._runner.submit("broadcast", tensors, run)
+        return self._submit("broadcast", tensors, run)
 
     def allgather(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: object = None
@@ -125,7 +126,7 @@ class ShiftProcessGroup(dist.ProcessGroup):
         call: str = "all_gather_coalesced",
     ) -> ShiftWork:
         pairs = [([raw(t, call) for t in out], raw(t, call)) for out, t in paired(outputs, inputs, call)]
-        return self._runner.submit(call, outputs, lambda: self._each(self._comm.all_gather, pairs))
+        return self._submit(call, outputs, lambda: self._each(self._comm.all_gather, pairs))
 
     def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: object = None) -> ShiftWork:
         return self.all_gather_single_coalesced([output], [tensor], call="all_gather_single")
@@ -138,7 +139,7 @@ class ShiftProcessGroup(dist.ProcessGroup):
         call: str = "all_gather_single_coalesced",
     ) -> ShiftWork:
         pairs = [(self._rows(raw(o, call), call), raw(t, call)) for o, t in paired(outputs, inputs, call)]
-        return self._runner.submit(call, outputs, lambda: self._each(self._comm.all_gather, pairs))
+        return self._submit(call, outputs, lambda: self._each(self._comm.all_gather, pairs))
 
     def reduce_scatter(
         self,
@@ -150,7 +151,7 @@ class ShiftProcessGroup(dist.ProcessGroup):
         op = reduce_op(opts, "reduce_scatter")
         out = numbers(outputs[0], "reduce_scatter")
         ins = [numbers(t, "reduce_scatter") for t in inputs[0]]
-        return self._runner.submit("reduce_scatter", outputs, lambda: self._comm.reduce_scatter(out, ins, op))
+        return self._submit("reduce_scatter", outputs, lambda: self._comm.reduce_scatter(out, ins, op))
 
     def reduce_scatter_single(
         self, output: torch.Tensor, tensor: torch.Tensor, opts: dist.ReduceScatterOptions | None = None
@@ -167,7 +168,7 @@ class ShiftProcessGroup(dist.ProcessGroup):
         op = reduce_op(opts, call)
         pairs = paired(outputs, inputs, call)
         calls = [(numbers(o, call), self._rows(numbers(t, call), call), op) for o, t in pairs]
-        return self._runner.submit(call, outputs, lambda: self._each(self._comm.reduce_scatter, calls))
+        return self._submit(call, outputs, lambda: self._each(self._comm.reduce_scatter, calls))
 
     def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions | None = None) -> ShiftWork:
         opts = opts or dist.ReduceOptions()
@@ -178,7 +179,7 @@ class ShiftProcessGroup(dist.ProcessGroup):
             for array in arrays:
                 self._comm.reduce(array, opts.rootRank, op)
 
-        return self._runner.submit("reduce", tensors, run)
+        return self._submit("reduce", tensors, run)
 
     def gather(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: dist.GatherOptions
@@ -187,7 +188,7 @@ class ShiftProcessGroup(dist.ProcessGroup):
         one_each(inputs, outputs if self.rank() == root else [[]], "gather")
         out = [raw(t, "gather") for t in outputs[0]] if self.rank() == root else None
         array = raw(inputs[0], "gather")
-        return self._runner.submit("gather", outputs, lambda: self._comm.gather(out, array, root))
+        return self._submit("gather", outputs, lambda: self._comm.gather(out, array, root))
 
     def scatter(
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: dist.ScatterOptions
@@ -196,14 +197,14 @@ class ShiftProcessGroup(dist.ProcessGroup):
         one_each(outputs, inputs if self.rank() == root else [[]], "scatter")
         ins = [raw(t, "scatter") for t in inputs[0]] if self.rank() == root else None
         out = raw(outputs[0], "scatter")
-        return self._runner.submit("scatter", outputs, lambda: self._comm.scatter(out, ins, root))
+        return self._submit("scatter", outputs, lambda: self._comm.scatter(out, ins, root))
 
     def alltoall(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: object = None
     ) -> ShiftWork:
         outs = [raw(t, "all_to_all") for t in outputs]
         ins = [raw(t, "all_to_all") for t in inputs]
-        return self._runner.submit("all_to_all", outputs, lambda: self._comm.all_to_all(outs, ins))
+        return self._submit("all_to_all", outputs, lambda: self._comm.all_to_all(outs, ins))
 
     def all_to_all_single(
         self,
@@ -216,10 +217,15 @@ class ShiftProcessGroup(dist.ProcessGroup):
         call = "all_to_all_single"
         outs = self._splits(output, output_split_sizes, call)
         ins = self._splits(tensor, input_split_sizes, call)
-        return self._runner.submit(call, [output], lambda: self._comm.all_to_all(outs, ins))
+        return self._submit(call, [output], lambda: self._comm.all_to_all(outs, ins))
 
     def barrier(self, opts: object = None) -> ShiftWork:
-        return self._runner.submit("barrier", None, self._comm.barrier)
+        return self._submit("barrier", None, self._comm.barrier)
+
+    def _submit(self, call: str, result: object, run: Callable[[], None]) -> ShiftWork:
+        """Hand `run` to the runner; one whose tensors (`result`) hold at most INLINE_BYTES may run at once on
+        this thread (SerialRunner.submit)."""
+        return self._runner.submit(call, result, run, inline=nbytes(result) <= INLINE_BYTES)
 
     @staticmethod
     def _each(collective: Callable[..., None], calls: list[tuple]) -> None:
@@ -282,6 +288,15 @@ def one_each(single: Sequence[object], nested: Sequence[Sequence[object]], call:
     """torch's list-of-lists forms carry one tensor per process here (no multi-device ranks)."""
     if len(single) != 1 or len(nested) != 1:
         raise ValueError(f"{call}: the {BACKEND} backend takes one tensor (list) per process")
+
+
+def nbytes(tensors: object) -> int:
+    """The bytes of a tensor, or of the tensors in (nested) lists of them."""
+    if isinstance(tensors, torch.Tensor):
+        return tensors.nbytes
+    if isinstance(tensors, (list, tuple)):
+        return sum(nbytes(t) for t in tensors)
+    return 0
 
 
 def paired(outputs: Sequence[object], inputs: Sequence[object], call: str) -> list[tuple]:

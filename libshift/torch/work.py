@@ -27,13 +27,19 @@ class ShiftWork(dist.Work):
         super().__init__()
         self.call = call
         self._result = result  # what the future gives: the tensors written, as torch's backends do
-        self._done = threading.Event()
+        # held until the collective has run: a Lock, as an Event (a Condition) costs microseconds to make
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._finished = False
         self._error: BaseException | None = None
-        # The future fails as C++ sees a failure: by a callback that raises. Future.set_exception only
-        # stores the exception as the future's value, for Python to raise; DDP's reducer reads the value in
-        # C++ as the tensors and crashed on it (SIGSEGV in parseCppCommHookResult) when a collective failed.
-        self._ended: torch.futures.Future = torch.futures.Future()
-        self._future: torch.futures.Future = self._ended.then(self._outcome)
+        # The future is made when asked for (DDP asks; a plain call never does, and two torch futures cost
+        # tens of microseconds a call). It fails as C++ sees a failure: by a callback that raises.
+        # Future.set_exception only stores the exception as the future's value, for Python to raise; DDP's
+        # reducer reads the value in C++ as the tensors and crashed on it (SIGSEGV in
+        # parseCppCommHookResult) when a collective failed.
+        self._lock = threading.Lock()  # between finish() on the runner and get_future() on the caller
+        self._ended: torch.futures.Future | None = None
+        self._future: torch.futures.Future | None = None
 
     def _outcome(self, _: torch.futures.Future) -> object:
         if self._error is not None:
@@ -42,54 +48,95 @@ class ShiftWork(dist.Work):
 
     def finish(self, error: BaseException | None) -> None:
         self._error = error
-        self._done.set()
-        self._ended.set_result(None)
+        with self._lock:
+            self._finished = True
+            ended = self._ended
+        self._gate.release()
+        if ended is not None:
+            ended.set_result(None)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Block until the collective has run; no timeout (None or 0, torch's default) waits for good."""
         seconds = timeout.total_seconds() if timeout else 0.0
-        if not self._done.wait(seconds or None):
-            raise RuntimeError(f"shift backend: {self.call} did not complete within {seconds:g} s")
+        if not self._finished:
+            if not self._gate.acquire(timeout=seconds or -1):
+                raise RuntimeError(f"shift backend: {self.call} did not complete within {seconds:g} s")
+            self._gate.release()  # for any other waiter
         if self._error is not None:
             raise self._error
         return True
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        return self._finished
 
     def get_future(self) -> torch.futures.Future:
+        with self._lock:
+            made = self._future is None
+            if made:
+                self._ended = torch.futures.Future()
+                self._future = self._ended.then(self._outcome)
+            ended_already = made and self._finished
+        if ended_already:
+            self._ended.set_result(None)
         return self._future
 
 
 class SerialRunner:
-    """A thread that runs submitted collectives in order, until `close()`."""
+    """A thread that runs submitted collectives in order, until `close()`.
+
+    A small call (`inline`) that finds nothing queued or running runs on the caller's thread instead: for a
+    few KiB the two thread hand-offs cost as much as the collective (about 40 us each way on an idle core,
+    more beside a busy one), and a caller with nothing in flight loses no overlap by waiting for it.
+    """
 
     def __init__(self, name: str) -> None:
         self._queue: queue.SimpleQueue[tuple[ShiftWork, Callable[[], None]] | None] = queue.SimpleQueue()
         self._broken: str | None = None  # why the group can no longer run collectives
+        self._guard = threading.Lock()  # over _pending
+        self._pending = 0  # calls queued or running
+        self._running = threading.Lock()  # held while a call runs, on whichever thread
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, call: str, result: object, run: Callable[[], None]) -> ShiftWork:
+    def submit(self, call: str, result: object, run: Callable[[], None], inline: bool = False) -> ShiftWork:
         work = ShiftWork(call, result)
-        self._queue.put((work, run))
+        with self._guard:
+            # with nothing pending the runner holds no call, so the lock is free: the ring is this caller's
+            now = inline and self._pending == 0 and self._running.acquire(blocking=False)
+            self._pending += 1
+            if not now:
+                self._queue.put((work, run))
+        if now:
+            try:
+                self._execute(work, run)
+            finally:
+                self._running.release()
+                self._done()
         return work
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            work, run = item
-            if self._broken is not None:
-                work.finish(RuntimeError(f"shift backend: {work.call}: {self._broken}"))
-                continue
-            try:
-                run()
-            except USER_ERRORS as exc:
-                work.finish(type(exc)(f"{work.call}: {exc}"))
-            except Exception as exc:
-                self._broken = f"the group is broken since {work.call} failed ({exc})"
-                work.finish(exc)
-            else:
-                work.finish(None)
+            with self._running:
+                self._execute(*item)
+            self._done()
+
+    def _done(self) -> None:
+        with self._guard:
+            self._pending -= 1
+
+    def _execute(self, work: ShiftWork, run: Callable[[], None]) -> None:
+        if self._broken is not None:
+            work.finish(RuntimeError(f"shift backend: {work.call}: {self._broken}"))
+            return
+        try:
+            run()
+        except USER_ERRORS as exc:
+            work.finish(type(exc)(f"{work.call}: {exc}"))
+        except Exception as exc:
+            self._broken = f"the group is broken since {work.call} failed ({exc})"
+            work.finish(exc)
+        else:
+            work.finish(None)
 
     def close(self) -> None:
         """Run what is queued, then stop the thread."""

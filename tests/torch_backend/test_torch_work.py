@@ -31,6 +31,23 @@ def test_calls_run_in_order_and_return_at_once(runner):
     assert second.get_future().wait() == "second"
 
 
+def test_a_small_call_runs_on_the_callers_thread_only_when_nothing_is_pending(runner):
+    threads: list[str] = []
+    here = threading.current_thread().name
+
+    def note() -> None:
+        threads.append(threading.current_thread().name)
+
+    first = runner.submit("barrier", None, note, inline=True)
+    assert first.is_completed() and threads == [here]  # done before submit returned
+    gate = threading.Event()
+    runner.submit("all_reduce", None, lambda: gate.wait(10))  # a large one, running on the runner
+    behind = runner.submit("barrier", None, note, inline=True)
+    assert not behind.is_completed()  # queued behind it, in call order, not run beside it
+    gate.set()
+    assert behind.wait() and threads == [here, "test-runner"]
+
+
 def test_a_mistake_fails_only_its_call(runner):
     def mistake() -> None:
         raise ValueError("root must be a rank in [0, 2), got 7")
