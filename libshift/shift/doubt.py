@@ -9,6 +9,7 @@ the provider reported it). Nothing waits under the context's lock meanwhile: its
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,8 @@ from libshift.verbs import WC
 if TYPE_CHECKING:
     from libshift.shift.qp import ShiftQP
     from libshift.shift.rewind import Entry
+
+log = logging.getLogger("libshift.shift")
 
 
 class Doubt:
@@ -55,6 +58,8 @@ class Doubt:
             if to is not None:
                 qp.switcher.switch_to(to, "error_completion")  # which ends the doubt
             else:
+                whose = "the application's" if verdict is Verdict.APPLICATION else "no armed path to move to"
+                log.warning("QP %d: the error held in doubt on the %s path is %s", qp.qp_num, path, whose)
                 qp.break_off()
 
     def end(self, surface: bool) -> None:

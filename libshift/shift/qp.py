@@ -330,6 +330,10 @@ class ShiftQP:
         verdict = judge(wc.status, lambda: self.ctx.usable(path))
         to = self.switcher.escape() if verdict is not Verdict.APPLICATION else None
         if to is None:
+            whose = "the application's" if verdict is Verdict.APPLICATION else "no armed path to move to"
+            log.warning(
+                "QP %d: %s on the %s path (%s): the error surfaces", self.qp_num, wc.status.name, path, whose
+            )
             self.break_off()
             return False
         if verdict is Verdict.DOUBT:
