@@ -73,6 +73,11 @@ class Verdict(enum.Enum):
     DOUBT = "doubt"  # not yet known: hold it and ask the device again
 
 
+def surfaces(verdict: Verdict) -> str:
+    """Why an error completion with `verdict` breaks its QP instead of moving it (when it was not moved)."""
+    return "the application's error" if verdict is Verdict.APPLICATION else "no armed path to move to"
+
+
 def judge(status: ibv_wc_status, usable: Callable[[], bool]) -> Verdict:
     """Whose an error completion is; `usable` says whether the completion's device still works, asked only
     if the status alone does not tell."""

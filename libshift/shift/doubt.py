@@ -13,7 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from libshift.shift.detect import EITHER_GRACE, Verdict, reconsider
+from libshift.shift.detect import EITHER_GRACE, Verdict, reconsider, surfaces
 from libshift.verbs import WC
 
 if TYPE_CHECKING:
@@ -58,8 +58,7 @@ class Doubt:
             if to is not None:
                 qp.switcher.switch_to(to, "error_completion")  # which ends the doubt
             else:
-                whose = "the application's" if verdict is Verdict.APPLICATION else "no armed path to move to"
-                log.warning("QP %d: the error held in doubt on the %s path is %s", qp.qp_num, path, whose)
+                log.warning("QP %d: the error in doubt on %s: %s", qp.qp_num, path, surfaces(verdict))
                 qp.break_off()
 
     def end(self, surface: bool) -> None:

@@ -19,7 +19,7 @@ from libshift.core._core import FAST_NOT_FAST as NOT_FAST
 from libshift.shift import handover, notify
 from libshift.shift.armed import Armed
 from libshift.shift.cq import ShiftCQ
-from libshift.shift.detect import Verdict, default_path_attr, judge
+from libshift.shift.detect import Verdict, default_path_attr, judge, surfaces
 from libshift.shift.doubt import Doubt
 from libshift.shift.memory import ShiftPD
 from libshift.shift.pathqp import PathQP
@@ -330,10 +330,7 @@ class ShiftQP:
         verdict = judge(wc.status, lambda: self.ctx.usable(path))
         to = self.switcher.escape() if verdict is not Verdict.APPLICATION else None
         if to is None:
-            whose = "the application's" if verdict is Verdict.APPLICATION else "no armed path to move to"
-            log.warning(
-                "QP %d: %s on the %s path (%s): the error surfaces", self.qp_num, wc.status.name, path, whose
-            )
+            log.warning("QP %d: %s on the %s path: %s", self.qp_num, wc.status.name, path, surfaces(verdict))
             self.break_off()
             return False
         if verdict is Verdict.DOUBT:
