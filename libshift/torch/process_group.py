@@ -91,26 +91,16 @@ class ShiftProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions | None = None) -> ShiftWork:
         op = reduce_op(opts, "all_reduce")
-        arrays = [numbers(t, "all_reduce") for t in tensors]
-
-        def run() -> None:
-            for array in arrays:
-                self._comm.all_reduce(array, op)
-
-        return self._submit("all_reduce", tensors, run)
+        calls = [(numbers(t, "all_reduce"), op) for t in tensors]
+        return self._submit("all_reduce", tensors, lambda: self._each(self._comm.all_reduce, calls))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: object = None) -> ShiftWork:
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions | None = None) -> ShiftWork:
         root = (opts or dist.BroadcastOptions()).rootRank
-        arrays = [raw(t, "broadcast") for t in tensors]
-
-        def run() -> None:
-            for array in arrays:
-                self._comm.broadcast(array, root)
-
-        return self._submit("broadcast", tensors, run)
+        calls = [(raw(t, "broadcast"), root) for t in tensors]
+        return self._submit("broadcast", tensors, lambda: self._each(self._comm.broadcast, calls))
 
     def allgather(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: object = None
@@ -171,22 +161,16 @@ class ShiftProcessGroup(dist.ProcessGroup):
         return self._submit(call, outputs, lambda: self._each(self._comm.reduce_scatter, calls))
 
     def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions | None = None) -> ShiftWork:
-        opts = opts or dist.ReduceOptions()
+        root = (opts or dist.ReduceOptions()).rootRank
         op = reduce_op(opts, "reduce")
-        arrays = [numbers(t, "reduce") for t in tensors]
-
-        def run() -> None:
-            for array in arrays:
-                self._comm.reduce(array, opts.rootRank, op)
-
-        return self._submit("reduce", tensors, run)
+        calls = [(numbers(t, "reduce"), root, op) for t in tensors]
+        return self._submit("reduce", tensors, lambda: self._each(self._comm.reduce, calls))
 
     def gather(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: dist.GatherOptions
     ) -> ShiftWork:
         root = opts.rootRank
-        one_each(inputs, outputs if self.rank() == root else [[]], "gather")
-        out = [raw(t, "gather") for t in outputs[0]] if self.rank() == root else None
+        out = self._roots_list(inputs, outputs, root, "gather")
         array = raw(inputs[0], "gather")
         return self._submit("gather", outputs, lambda: self._comm.gather(out, array, root))
 
@@ -194,8 +178,7 @@ class ShiftProcessGroup(dist.ProcessGroup):
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: dist.ScatterOptions
     ) -> ShiftWork:
         root = opts.rootRank
-        one_each(outputs, inputs if self.rank() == root else [[]], "scatter")
-        ins = [raw(t, "scatter") for t in inputs[0]] if self.rank() == root else None
+        ins = self._roots_list(outputs, inputs, root, "scatter")
         out = raw(outputs[0], "scatter")
         return self._submit("scatter", outputs, lambda: self._comm.scatter(out, ins, root))
 
@@ -231,6 +214,15 @@ class ShiftProcessGroup(dist.ProcessGroup):
     def _each(collective: Callable[..., None], calls: list[tuple]) -> None:
         for args in calls:
             collective(*args)
+
+    def _roots_list(
+        self, single: list[torch.Tensor], lists: list[list[torch.Tensor]], root: int, call: str
+    ) -> list[np.ndarray] | None:
+        """gather's outputs or scatter's inputs: the root's one list, as byte views; None on other ranks,
+        whose lists torch leaves empty."""
+        at_root = self.rank() == root
+        one_each(single, lists if at_root else [[]], call)
+        return [raw(t, call) for t in lists[0]] if at_root else None
 
     def _rows(self, flat: np.ndarray, call: str) -> list[np.ndarray]:
         """A tensor holding one equal part per rank, as the list of those parts (views)."""
@@ -272,7 +264,9 @@ for _method, _call in UNSUPPORTED.items():
     setattr(ShiftProcessGroup, _method, _refuse(_method, _call))
 
 
-def reduce_op(opts: dist.AllreduceOptions | dist.ReduceScatterOptions | None, call: str) -> ReduceOp:
+def reduce_op(
+    opts: dist.AllreduceOptions | dist.ReduceScatterOptions | dist.ReduceOptions | None, call: str
+) -> ReduceOp:
     """The collectives' operator for the one in torch's options (SUM when there are none)."""
     op = dist.ReduceOp.SUM if opts is None else opts.reduceOp.op
     try:

@@ -19,12 +19,12 @@ import pytest
 from cases import Case, expected, make_input
 from cases import all_reduce as reference_all_reduce
 from labs import running_lab
-from waiting import wait_until
 
-from libshift.api.shift.v1 import admin_pb2, common_pb2
 from libshift.collectives import ReduceOp
-from shiftd.ctl import Client
 from shiftlab.lab import Lab
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "failover"))
+from stream_harness import fail_nic, wait_all_up  # the failover tests' faults and waits
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
 
@@ -246,31 +246,10 @@ HAND_OFF = 1.0  # seconds from the last path's failure to every rank's error (is
 HAND_OFF_LOADED = 10.0  # a ring of 4 on a machine shared with the test VM: told at all, not how fast
 
 
-def all_up(lab: Lab) -> bool:
-    """Whether every shiftd of the lab says every NIC is UP (a NIC still DOWN as the lab starts would count
-    as a path already lost)."""
-    states = [n["state"] for h in lab.host_names for n in json.loads(shiftctl(lab, h, "nics", "--json"))]
-    return all(state == "NIC_STATE_UP" for state in states)
-
-
-def fail_nic_now(lab: Lab, host: str, device: str) -> float:
-    """shiftd's FailNic, asked from here (a shiftctl process would spend its own start-up, up to a second of
-    the shared cores, out of the time the ranks have to hear of it); when it was asked (time.time())."""
-    client = Client(str(lab.socket(host)), 10.0)
-    try:
-        client.admin.Status(admin_pb2.StatusRequest(), timeout=10)  # connected before the clock starts
-        asked = time.time()
-        request = admin_pb2.FailNicRequest(device=device, mode=common_pb2.FAULT_MODE_DOWN)
-        client.admin.FailNic(request, timeout=10)
-        return asked
-    finally:
-        client.close()
-
-
 def lose_every_path_of_h0(lab: Lab, world: int, tmp: Path) -> tuple[dict[int, dict], float]:
     """The all-reduce loop on h0..h{world-1}; h0 loses mlx5_0 (the loop goes on over mlx5_1), then mlx5_1.
     Each rank's error line, and when the last path went (time.time())."""
-    assert wait_until(lambda: all_up(lab), timeout=30), "the lab's NICs did not all come UP"
+    wait_all_up(lab)  # a NIC still DOWN as the lab starts would count as a path already lost
     with Ranks(lab, world, tmp, "loop", str(LOOP_COUNT)) as ranks:
         for rank in range(world):
             assert ranks.line(rank)["ready"]
@@ -281,7 +260,7 @@ def lose_every_path_of_h0(lab: Lab, world: int, tmp: Path) -> tuple[dict[int, di
             while (line := ranks.line(0)).get("at", 0) < moved_at:
                 pass  # running on mlx5_1
             assert "error" not in line, f"the failover to mlx5_1 failed: {line}"
-            lost_at = fail_nic_now(lab, "h0", "mlx5_1")
+            lost_at = fail_nic(lab, ["h0"], "mlx5_1")
             errors = {}
             for rank in range(world):
                 while "error" not in (line := ranks.line(rank)):

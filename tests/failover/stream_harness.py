@@ -185,12 +185,18 @@ class Fault:
     recover: Callable[[Bed], None]
 
 
-def fail_nic(lab: Lab, hosts: Sequence[str], device: str, mode: str = "down", period: float = 0.0) -> None:
-    """`shiftctl fail-nic DEVICE --mode MODE [--period P]` on each of `hosts`, one right after the other."""
+def fail_nic(lab: Lab, hosts: Sequence[str], device: str, mode: str = "down", period: float = 0.0) -> float:
+    """`shiftctl fail-nic DEVICE --mode MODE [--period P]` on each of `hosts`, one right after the other;
+    when the first was asked (time.time(), taken once its connection is up, so a clock started there counts
+    shiftd's work, not the channel's)."""
     request = admin_pb2.FailNicRequest(device=device, mode=MODES[mode], flap_period_seconds=period)
+    asked = []
     for host in hosts:
         with admin(lab, host) as stub:
+            stub.Status(admin_pb2.StatusRequest(), timeout=30)
+            asked.append(time.time())
             stub.FailNic(request, timeout=30)
+    return asked[0]
 
 
 def recover_nic(lab: Lab, hosts: Sequence[str], devices: Sequence[str]) -> None:
