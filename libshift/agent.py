@@ -118,6 +118,7 @@ def nic_change(event: common_pb2.NicEvent) -> NicChange:
         monotonic_nanos=event.monotonic_nanos,
         host=event.host,
         gid=event.gid,
+        move_off=event.move_off,
     )
 
 

@@ -29,6 +29,7 @@ class NicChange:
     monotonic_nanos: int = 0  # when shiftd saw it, on CLOCK_MONOTONIC (one clock per host: for latency)
     host: str = ""  # the host whose NIC it is (another than ours: a peer's, told with its GID)
     gid: str = ""
+    move_off: bool = False  # DEGRADED by the loss of its own traffic, a healthy NIC beside it: leave it
 
 
 class SwitchKind(enum.Enum):

@@ -80,6 +80,17 @@ class DampingConfig:
 
 
 @dataclass(frozen=True)
+class LossConfig:
+    """The judge of a NIC's TCP retransmissions (shiftd/loss.py; docs/operations.md: Degraded paths)."""
+
+    window_seconds: float = 0.5  # the loss is judged over this much of monitors.tcp_loss's last polls ...
+    min_segments: int = 200  # ... once they hold at least this many data segments sent
+    enter_percent: float = 2.0  # DEGRADED (tcp_retransmits) when this share of them were retransmissions
+    exit_percent: float = 0.5  # a window below this counts as healthy ...
+    hold_seconds: float = 30.0  # ... and the NIC is UP again this long after the last window that was not
+
+
+@dataclass(frozen=True)
 class MonitorsConfig:
     netlink: bool = True
     udev: bool = True
@@ -87,6 +98,8 @@ class MonitorsConfig:
     sysfs_root: str = "/sys"
     rdma_poll_seconds: float = 0.5
     rdma_async_events: bool = True  # read the ports at once on a device's PORT_ERR / PORT_ACTIVE
+    tcp_loss: bool = True  # count the NICs' TCP retransmissions (sock_diag) for the loss judge ([loss])
+    tcp_loss_poll_seconds: float = 0.1
     # the RDMA devices in sysfs that are this host's; empty: every one (a lab on one kernel lists its host's)
     rdma_devices: tuple[str, ...] = ()
 
@@ -105,6 +118,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     damping: DampingConfig = field(default_factory=DampingConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     # tcp-provider devices: RDMA device name -> netdev
@@ -117,6 +131,7 @@ SECTIONS: dict[str, type] = {
     "metrics": MetricsConfig,
     "health": HealthConfig,
     "damping": DampingConfig,
+    "loss": LossConfig,
     "monitors": MonitorsConfig,
     "faults": FaultsConfig,
 }
@@ -214,7 +229,8 @@ def _check_ranges(name: str, section: Any) -> None:
         "etcd": ("lease_ttl_seconds", "timeout_seconds", "retry_initial_seconds", "retry_max_seconds"),
         "health": (),
         "damping": ("reuse_threshold", "half_life_seconds", "max_suppress_seconds"),
-        "monitors": ("rdma_poll_seconds",),
+        "loss": ("window_seconds", "min_segments", "enter_percent", "exit_percent"),
+        "monitors": ("rdma_poll_seconds", "tcp_loss_poll_seconds"),
         "faults": ("flap_period_seconds",),
         "server": ("max_message_bytes", "publish_rate", "publish_burst"),
     }
@@ -225,6 +241,8 @@ def _check_ranges(name: str, section: Any) -> None:
         raise ConfigError("health.hold_down_seconds: must not be negative")
     if name == "damping":
         _check_damping(section)
+    if name == "loss":
+        _check_loss(section)
     if name == "etcd":
         if section.lease_ttl_seconds < 2:
             raise ConfigError("etcd.lease_ttl_seconds: must be at least 2")
@@ -257,6 +275,15 @@ def _check_damping(damping: DampingConfig) -> None:
             f"2^(max_suppress_seconds / half_life_seconds) = {damping.ceiling:.0f}, must be above "
             "suppress_threshold, or no NIC is ever suppressed"
         )
+
+
+def _check_loss(loss: LossConfig) -> None:
+    if not loss.enter_percent <= 100:
+        raise ConfigError("loss.enter_percent: must be at most 100")
+    if not loss.exit_percent <= loss.enter_percent:
+        raise ConfigError("loss.exit_percent: must not be above loss.enter_percent")
+    if not loss.hold_seconds >= 0:
+        raise ConfigError("loss.hold_seconds: must not be negative")
 
 
 def _check_etcd_security(etcd: EtcdConfig) -> None:

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -83,6 +84,7 @@ class Daemon:
             self._on_transition,
             self._rearm_hold_timer,
             damping=config.damping,
+            loss=config.loss,
         )
         self.agents = AgentTable(self.registry, self._on_agent_change)
         self.peer_nics = PeerNics(self.registry, self.host, self._on_peer_nic)
@@ -252,6 +254,11 @@ class Daemon:
             self.metrics.flap_penalty.labels(record.name, record.spec.netdev).set_function(
                 lambda name=record.name: self.nics.flap_penalty(name)
             )
+            self.metrics.tcp_retransmits.labels(record.name, record.spec.netdev).set_function(
+                lambda judge=record.health.loss: (
+                    math.nan if judge.loss_percent is None else judge.loss_percent / 100
+                )
+            )
         self.metrics.etcd_up.set_function(lambda: 1 if self.registry.connected else 0)
         self.metrics.etcd_pending.set_function(lambda: self.registry.pending)
         self.metrics.agents.set_function(lambda: len(self.agents.agents))
@@ -318,6 +325,7 @@ class Daemon:
         nic.state, nic.previous_state, nic.reason = transition.state, transition.previous, transition.reason
         nic.time_unix_nanos = record.wall_last_change_ns
         nic.monotonic_nanos = int(transition.at * 1e9)
+        nic.move_off = self.nics.move_off(record.name)
         self.bus.publish(event)
         self.relay.pump()  # the agents' streams have written it to the relay: on to the agents now
         # Everything else waits until the subscribers' streams have taken the event: metrics, the
@@ -363,6 +371,7 @@ class Daemon:
             previous_state=nic.state,
             reason=nic.reason or "snapshot",
             time_unix_nanos=nic.last_change_unix_nanos,
+            move_off=self.nics.move_off(nic.device),
         )
 
     def _on_agent_change(self, info: common_pb2.AgentInfo, registered: bool) -> None:

@@ -69,7 +69,7 @@ class FaultInjector:
             elif fault.mode == FaultMode.BLACKHOLE:
                 await _filter_both_ways(ipr, netdev, index, DROP_ALL_PROGRAM)
             elif fault.mode == FaultMode.LOSSY:
-                await _filter_both_ways(ipr, netdev, index, _random_drop_program(fault.loss_percent))
+                await _filter_both_ways(ipr, netdev, index, random_drop_program(fault.loss_percent))
             elif fault.mode == FaultMode.SLOW:
                 await _rate_limit(netdev, fault.rate_bits)
             elif fault.mode == FaultMode.FLAP:
@@ -120,7 +120,7 @@ async def _index(ipr: AsyncIPRoute, netdev: str) -> int:
     return indexes[0]
 
 
-def _random_drop_program(percent: float) -> str:
+def random_drop_program(percent: float) -> str:
     """Classic BPF that drops a packet when a random u32 is below percent% of 2^32:
     ld rand; jge #threshold, pass, drop; ret #TC_ACT_OK; ret #TC_ACT_SHOT."""
     threshold = min(int(percent / 100 * 2**32), 2**32 - 1)

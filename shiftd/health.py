@@ -4,15 +4,18 @@ A pure state machine (no I/O, no clock of its own): every input carries `now`, s
 drives it from its event loop and the tests from a fake clock. Going DOWN is immediate because
 that is what lets libshift fail over before the transport's retry timeout; coming back is
 damped, because failing back onto a link that bounces costs more than staying on the backup:
-always by the fixed hold-down, and for a NIC that keeps flapping by its penalty (damping.py).
+always by the fixed hold-down, and for a NIC that keeps flapping by its penalty (damping.py). A NIC whose
+TCP traffic is being lost (its loss judge, loss.py) is DEGRADED (tcp_retransmits) until the judge clears it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shiftd.config import DampingConfig
+from shiftd.config import DampingConfig, LossConfig
 from shiftd.damping import FlapDamper
+from shiftd.loss import REASON as LOSS_REASON
+from shiftd.loss import LossJudge
 from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PortStatus
 
 # An operator's fault that takes the NIC out of service: DOWN, so the agents fail over at once.
@@ -58,10 +61,17 @@ class NicHealth:
     operator's fault does to the link is not one (the operator meant it).
     """
 
-    def __init__(self, spec: NicSpec, hold_down_seconds: float, damping: DampingConfig | None = None) -> None:
+    def __init__(
+        self,
+        spec: NicSpec,
+        hold_down_seconds: float,
+        damping: DampingConfig | None = None,
+        loss: LossConfig | None = None,
+    ) -> None:
         self.spec = spec
         self.hold_down_seconds = hold_down_seconds
         self.damper = FlapDamper(damping or DampingConfig())
+        self.loss = LossJudge(loss or LossConfig(), damping or DampingConfig())
         self.state = NicState.UNSPECIFIED
         self.reason = ""
         self.link: LinkStatus | None = None
@@ -95,6 +105,12 @@ class NicHealth:
     def set_fault(self, fault: FaultMode, now: float) -> Transition | None:
         """An operator's fault: DOWN until cleared, or DEGRADED for a gray one (lossy, slow)."""
         self.fault = fault
+        return self._evaluate(now)
+
+    def update_traffic(self, segments: int, retransmitted: int, now: float) -> Transition | None:
+        """What the NIC's TCP connections sent since the last poll, and how much of it was sent again."""
+        if not self.loss.add(now, segments, retransmitted):
+            return None
         return self._evaluate(now)
 
     def tick(self, now: float) -> Transition | None:
@@ -156,7 +172,11 @@ class NicHealth:
         return None
 
     def _degradation(self) -> str | None:
-        """Why a NIC that can carry traffic is not fully healthy; None if it is."""
+        """Why a NIC that can carry traffic is not fully healthy; None if it is. What the traffic itself
+        shows comes first: it is what the agents act on (shiftd moves the traffic off a NIC found losing it),
+        whatever an operator did to cause it."""
+        if self.loss.degraded:
+            return LOSS_REASON
         if self.fault in GRAY_FAULT_REASONS:
             return GRAY_FAULT_REASONS[self.fault]
         if self.port is not None and self.port.state not in ACTIVE_PORT_STATES:
@@ -171,8 +191,11 @@ class NicHealth:
     def _move(self, state: NicState, reason: str, now: float) -> Transition | None:
         held = self.state is NicState.DOWN and self.reason in HELD_REASONS
         relapse = held and state is NicState.DOWN and reason not in HELD_REASONS
+        # a DEGRADED NIC with a new cause is news too: the agents act on the traffic's own loss, not on an
+        # operator's gray fault, and must hear when one becomes the other
+        regraded = state is self.state is NicState.DEGRADED and reason != self.reason
         self.reason = reason
-        if state is self.state and not relapse:
+        if state is self.state and not (relapse or regraded):
             return None
         previous, self.state, self.last_change = self.state, state, now
         return Transition(self.spec.device, previous, state, reason, now)

@@ -53,6 +53,13 @@ class Metrics:
             ["device", "netdev"],
             registry=r,
         )
+        self.tcp_retransmits = Gauge(
+            "shift_nic_tcp_retransmit_ratio",
+            "Share of the data segments the NIC's TCP connections sent over the loss judge's last window "
+            "that were retransmissions; NaN while they sent too few to judge.",
+            ["device", "netdev"],
+            registry=r,
+        )
         self.nic_transitions = Counter(
             "shift_nic_transitions_total",
             "Health state changes of the NIC.",

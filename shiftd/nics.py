@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from libshift.api.shift.v1 import common_pb2
 from libshift.gid import gid_of_ipv4
-from shiftd.config import DampingConfig
+from shiftd.config import DampingConfig, LossConfig
 from shiftd.health import NicHealth, Transition
-from shiftd.nic import DeviceChange, FaultMode, LinkStatus, NicSpec, PortStatus
+from shiftd.nic import DeviceChange, FaultMode, LinkStatus, NicSpec, NicState, PortStatus
 
 
 def nic_name(device: str, port: int) -> str:
@@ -45,13 +45,17 @@ class NicTable:
         on_input: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         damping: DampingConfig | None = None,
+        loss: LossConfig | None = None,
     ) -> None:
         self._clock = clock
         self._on_transition = on_transition
         self._on_input = on_input  # any input may move a hold-down deadline
         self.records: dict[str, NicRecord] = {
             nic_name(spec.device, spec.port): NicRecord(
-                nic_name(spec.device, spec.port), spec, NicHealth(spec, hold_down, damping), time.time_ns()
+                nic_name(spec.device, spec.port),
+                spec,
+                NicHealth(spec, hold_down, damping, loss),
+                time.time_ns(),
             )
             for spec in specs
         }
@@ -85,6 +89,29 @@ class NicTable:
             if name == change.name:
                 present = change.action == "add"
                 self._input(record, record.health.set_present(present, self._clock()))
+
+    def traffic_sent(self, by_source: dict[str, tuple[int, int]]) -> None:
+        """The TCP segments sent, and sent again, from each source address since the last poll (tcp_loss):
+        every NIC with an address hears its share, nothing included, so its loss judge sees time pass."""
+        now = self._clock()
+        for record in self.records.values():
+            addresses = record.health.link.addresses if record.health.link else ()
+            if not addresses:
+                continue
+            shares = [by_source.get(address, (0, 0)) for address in addresses]
+            segments, retransmitted = sum(s for s, _ in shares), sum(r for _, r in shares)
+            self._apply(record, record.health.update_traffic(segments, retransmitted, now))
+
+    def move_off(self, device: str) -> bool:
+        """Whether the agents should move their traffic off `device`: its own traffic is being lost
+        (DEGRADED, tcp_retransmits) and another NIC of the host is UP and not losing what it carries."""
+        if not self.get(device).health.loss.degraded:
+            return False
+        return any(
+            record.health.state is NicState.UP and not record.health.loss.degraded
+            for name, record in self.records.items()
+            if name != device
+        )
 
     def set_fault(self, device: str, mode: FaultMode) -> None:
         record = self.get(device)

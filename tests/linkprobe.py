@@ -37,9 +37,12 @@ def udp_delivery(sender_ns: str, receiver_ns: str, address: str, count: int = 20
     return received / count
 
 
-def tcp_rate(sender_ns: str, receiver_ns: str, address: str, seconds: float = 1.0) -> float:
+def tcp_rate(
+    sender_ns: str, receiver_ns: str, address: str, seconds: float = 1.0, chunk_bytes: int = STREAM_CHUNK
+) -> float:
     """Bits per second that one TCP stream from `sender_ns` delivered to `address` in `receiver_ns`,
-    counted until the receiver has read everything (what waited in a queue is not counted as sent)."""
+    counted until the receiver has read everything (what waited in a queue is not counted as sent). It
+    writes `chunk_bytes` a call, each within 5 s: over a lossy link, make them small."""
     server = netns.run(receiver_ns, socket.create_server, (address, 0))
     received = [0]
 
@@ -53,7 +56,7 @@ def tcp_rate(sender_ns: str, receiver_ns: str, address: str, seconds: float = 1.
         reader = threading.Thread(target=receive, daemon=True)
         reader.start()
         client = netns.run(sender_ns, socket.create_connection, server.getsockname(), 5.0)
-        chunk = b"x" * STREAM_CHUNK
+        chunk = b"x" * chunk_bytes
         started = time.monotonic()
         with client:
             while time.monotonic() - started < seconds:

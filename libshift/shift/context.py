@@ -168,8 +168,9 @@ class ShiftContext:
 
     def _on_nic(self, change: NicChange) -> None:
         """shiftd's word on our devices: a DOWN moves the traffic off the device (unless the link watch
-        was faster), its UP starts the failback or re-arms the backup."""
-        down, up = change.state is NicState.DOWN, change.state is NicState.UP
+        was faster), and so does a DEGRADED that shiftd says to leave (its traffic is being lost); its UP
+        starts the failback or re-arms the backup."""
+        down, up = change.state is NicState.DOWN or change.move_off, change.state is NicState.UP
         path = self.path_of.get(change.device)
         if path is None or not (down or up):
             return

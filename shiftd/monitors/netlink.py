@@ -103,7 +103,7 @@ def decode(data: bytes | bytearray) -> Iterator[LinkMsg | AddrMsg]:
             family, _, index, flags, _ = IFINFO.unpack_from(data, body)
             if family != socket.AF_UNSPEC:
                 continue
-            attrs = _attributes(data, body + IFINFO.size, end, LINK_ATTRS)
+            attrs = attributes(data, body + IFINFO.size, end, LINK_ATTRS)
             operstate = attrs.get(IFLA_OPERSTATE, b"\0")[0]
             yield LinkMsg(
                 deleted=kind == RTM_DELLINK,
@@ -117,13 +117,13 @@ def decode(data: bytes | bytearray) -> Iterator[LinkMsg | AddrMsg]:
             family, _, _, _, index = IFADDR.unpack_from(data, body)
             if family != socket.AF_INET:
                 continue
-            attrs = _attributes(data, body + IFADDR.size, end, ADDR_ATTRS)
+            attrs = attributes(data, body + IFADDR.size, end, ADDR_ATTRS)
             raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)
             if raw is not None:
                 yield AddrMsg(kind == RTM_DELADDR, index, socket.inet_ntop(socket.AF_INET, raw))
 
 
-def _attributes(
+def attributes(
     data: bytes | bytearray, offset: int, end: int, wanted: frozenset[int]
 ) -> dict[int, bytes | bytearray]:
     """The `wanted` attributes, read until all are found: a link message carries ~50 (stats,
@@ -132,8 +132,8 @@ def _attributes(
     attrs: dict[int, bytes | bytearray] = {}
     while offset + RTA.size <= end:
         length, kind = RTA.unpack_from(data, offset)
-        if length < RTA.size:
-            break
+        if length < RTA.size or offset + length > end:
+            break  # malformed: an attribute never reads past its message
         kind &= 0x3FFF  # without NLA_F_NESTED etc.
         if kind in wanted:
             attrs[kind] = data[offset + RTA.size : offset + length]

@@ -207,7 +207,12 @@ def test_a_gray_fault_is_named_before_a_port_that_is_not_active() -> None:
     health = up_nic(VERBS)
     health.update_port(PORT_INIT, 1.0)
     assert health.reason == "port_not_active"
-    assert health.set_fault(FaultMode.SLOW, 2.0) is None  # DEGRADED already: the reason alone changes
+    moved = health.set_fault(FaultMode.SLOW, 2.0)  # DEGRADED already: a new cause is a transition too
+    assert moved is not None and (moved.previous, moved.state, moved.reason) == (
+        DEGRADED,
+        DEGRADED,
+        "operator_slow",
+    )
     assert (health.state, health.reason) == (DEGRADED, "operator_slow")
 
 
@@ -275,8 +280,8 @@ INPUTS = st.one_of(
 @given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0]) | st.floats(0, 3), INPUTS), max_size=60))
 def test_invariants_over_any_sequence(steps: list[tuple[float, tuple[str, object]]]) -> None:
     """DOWN whenever anything is wrong; never UP/DEGRADED sooner than the hold after being DOWN
-    and last wrong; transitions are exactly the state changes and the relapses (a new problem
-    during the hold-down). Without damping, which test_damping.py's property adds."""
+    and last wrong; transitions are exactly the state changes, the relapses (a new problem during the
+    hold-down) and a DEGRADED NIC's new cause. Without damping, which test_damping.py's property adds."""
     health = up_nic(VERBS, damping=NO_DAMPING)  # most sequences that matter start from a working NIC
     feed = {
         "link": health.update_link,
@@ -289,13 +294,14 @@ def test_invariants_over_any_sequence(steps: list[tuple[float, tuple[str, object
     for gap, (kind, value) in steps:
         now += gap
         last[kind] = value
-        held = health.reason == "hold_down"
+        held, reason = health.reason == "hold_down", health.reason
         transition = health.tick(now) if kind == "tick" else feed[kind](value, now)
         if transition is not None:
             assert (transition.previous, transition.state, transition.at) == (state, health.state, now)
             assert transition.reason == health.reason
         relapse = held and health.state is DOWN and health.reason != "hold_down"
-        assert (health.state is not state or relapse) == (transition is not None)
+        regraded = state is health.state is DEGRADED and health.reason != reason
+        assert (health.state is not state or relapse or regraded) == (transition is not None)
         state = health.state
         link, port = last.get("link"), last.get("port")
         wrong = (

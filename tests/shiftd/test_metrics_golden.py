@@ -37,8 +37,8 @@ def up(netdev: str, address: str) -> LinkStatus:
 
 
 async def bring_to_state(daemon: Daemon) -> None:
-    """mlx5_0 and tcp0 up, mlx5_1 lost its carrier, mlx5_2 never heard of; one agent with two mappings
-    that failed over twice and failed back once; some gRPC calls and etcd errors."""
+    """mlx5_0 and tcp0 up, mlx5_1 lost its carrier, mlx5_2 never heard of; mlx5_0 resent some TCP; one
+    agent with two mappings that failed over twice and failed back once; some gRPC calls and etcd errors."""
     nics = daemon.nics
     for device in ("mlx5_0", "mlx5_1"):
         nics.port_changed(PortStatus(device, 1, "ACTIVE", "LinkUp"))
@@ -46,6 +46,7 @@ async def bring_to_state(daemon: Daemon) -> None:
     nics.link_changed(up("ens1f1np1", "198.18.1.10"))
     nics.link_changed(up("lo", "127.0.0.1"))
     nics.link_changed(LinkStatus("ens1f1np1", present=True, admin_up=True, operstate="down"))
+    nics.traffic_sent({"198.18.0.10": (1000, 5)})  # mlx5_0's TCP traffic: 0.5% resent, not yet lossy
     await asyncio.sleep(4 * BOOKKEEPING_DELAY)  # the metrics follow a transition after this delay
 
     info = daemon.agents.register("unix:agent", AGENT, AGENT.pid, "trainer", "job-7")

@@ -8,6 +8,7 @@ from shiftd import monitors
 from shiftd.config import MonitorsConfig
 from shiftd.monitors.netlink import NetlinkMonitor
 from shiftd.monitors.rdma_sysfs import RdmaSysfsMonitor
+from shiftd.monitors.tcp_loss import TcpLossMonitor
 from shiftd.monitors.udev import UdevMonitor
 from shiftd.nic import NicSpec
 from shiftd.nics import NicTable
@@ -20,13 +21,14 @@ def nic_table() -> NicTable:
     return NicTable(specs, 2.0, lambda record, transition: None, lambda: None)
 
 
-def test_the_registry_holds_exactly_the_three_monitors() -> None:
-    assert monitors.names() == ["netlink", "rdma_sysfs", "udev"]
+def test_the_registry_holds_exactly_the_four_monitors() -> None:
+    assert monitors.names() == ["netlink", "rdma_sysfs", "tcp_loss", "udev"]
 
 
 def test_an_unknown_name_is_a_clear_error() -> None:
     with pytest.raises(
-        monitors.UnknownMonitor, match=r"no monitor named 'inotify' \(known: netlink, rdma_sysfs, udev\)"
+        monitors.UnknownMonitor,
+        match=r"no monitor named 'inotify' \(known: netlink, rdma_sysfs, tcp_loss, udev\)",
     ):
         monitors.factory("inotify")
 
@@ -41,17 +43,19 @@ def test_build_makes_each_monitor_the_config_turns_on() -> None:
     assert {name: type(monitor) for name, monitor in built.items()} == {
         "netlink": NetlinkMonitor,
         "rdma_sysfs": RdmaSysfsMonitor,
+        "tcp_loss": TcpLossMonitor,
         "udev": UdevMonitor,
     }
     assert built["netlink"].netdevs == {"ens1f0np0", "lo"}
     assert built["rdma_sysfs"].ports == (("mlx5_0", 1),)  # tcp devices have no port to poll
+    assert built["tcp_loss"].interval == MonitorsConfig().tcp_loss_poll_seconds
 
 
 def test_build_leaves_out_what_the_config_turns_off() -> None:
-    off = MonitorsConfig(netlink=False, udev=False, rdma_sysfs=False)
+    off = MonitorsConfig(netlink=False, udev=False, rdma_sysfs=False, tcp_loss=False)
     assert monitors.build(off, nic_table()) == {}
 
 
 def test_rdma_sysfs_is_off_without_verbs_devices() -> None:
     tcp_only = NicTable([NicSpec("tcp0", "lo", "tcp")], 2.0, lambda record, transition: None, lambda: None)
-    assert set(monitors.build(MonitorsConfig(), tcp_only)) == {"netlink", "udev"}
+    assert set(monitors.build(MonitorsConfig(), tcp_only)) == {"netlink", "tcp_loss", "udev"}
