@@ -138,10 +138,15 @@ async def _filter_both_ways(ipr: AsyncIPRoute, netdev: str, index: int, program:
         raise
 
 
-async def _rate_limit(netdev: str, rate_bits: int) -> None:
+def tbf_shape(rate_bits: int) -> tuple[str, ...]:
+    """`tc`'s arguments of a tbf qdisc limiting what passes to `rate_bits` a second."""
     burst = max(TBF_MIN_BURST, rate_bits // 8000)  # and at least a millisecond's worth at the rate
-    shape = ("rate", format_rate(rate_bits), "burst", str(burst), "latency", TBF_LATENCY)
-    await _run_tc("qdisc", "add", "dev", netdev, "root", "handle", f"{TBF_HANDLE >> 16:x}:", "tbf", *shape)
+    return ("tbf", "rate", format_rate(rate_bits), "burst", str(burst), "latency", TBF_LATENCY)
+
+
+async def _rate_limit(netdev: str, rate_bits: int) -> None:
+    handle = f"{TBF_HANDLE >> 16:x}:"
+    await _run_tc("qdisc", "add", "dev", netdev, "root", "handle", handle, *tbf_shape(rate_bits))
 
 
 async def _run_tc(*args: str) -> None:

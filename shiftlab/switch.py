@@ -1,7 +1,9 @@
-"""Gray faults on a lab's rail switch: a port that loses packets while its link, and every host, stay up.
+"""Gray faults on a lab's rail switch: a port that loses packets, or passes them slowly, while its link and
+every host stay up.
 
-What `shiftctl fail-nic --mode lossy` does on a host's NIC, done instead on the switch's port towards the
-host, so that no shiftd is told: only the traffic can show it (the tests and benches of detection).
+What `shiftctl fail-nic --mode lossy` and `--mode slow` do on a host's NIC, done instead on the switch's port
+towards the host, so that no shiftd is told: only the traffic can show it (the tests and benches of
+detection).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from shiftd.faults import random_drop_program
+from shiftd.faults import random_drop_program, tbf_shape
 from shiftlab.lab import Lab
 
 
@@ -30,3 +32,15 @@ def lossy_port(lab: Lab, rail: int, towards: str, percent: float) -> Iterator[No
         yield
     finally:
         subprocess.run([*tc, "qdisc", "del", "dev", towards, "clsact"], check=True)
+
+
+@contextmanager
+def slow_port(lab: Lab, rail: int, towards: str, rate_bits: int) -> Iterator[None]:
+    """Rail `rail`'s switch port passes what it sends towards host `towards` at `rate_bits` a second at
+    most, until the block ends (shiftd's slow fault: a root tbf)."""
+    tc = ["tc", "-n", lab.shape.rail_ns(rail), "qdisc"]
+    subprocess.run([*tc, "add", "dev", towards, "root", *tbf_shape(rate_bits)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run([*tc, "del", "dev", towards, "root"], check=True)

@@ -117,3 +117,20 @@ def test_failover_throughput(lab, tmp_path: Path) -> None:
     assert marks["link down"] < marks["resumed on backup"] < marks["link up"] < marks["back on mlx5_0"]
     assert len(results["completions_s"]) > 10
     assert "throughput gap at the failure" in table
+
+
+def test_gray_failure(lab, tmp_path: Path) -> None:
+    """One trial of a 10% lossy port and one of a slow port, and a few seconds of healthy load: the lossy
+    one moved the traffic, found by some detection, and nothing moved on the healthy lab."""
+    table, results = bench(
+        lab, tmp_path, "gray_failure", "--trials", "1", "--loss", "10", "--rate", "100mbit", "--quiet", "3"
+    )
+    (lossy,) = results["faults"]["lossy 10%"]
+    assert lossy["moved_s"] is not None and 0 < lossy["moved_s"] < 5, lossy
+    assert lossy["found_by"] in ("nic_event", "peer_notification", "error_completion"), lossy
+    assert lossy["before"] > 0 and lossy["after"] > 0, lossy
+    (slow,) = results["faults"]["slow 100mbit"]
+    assert slow["during"] < 1.0, slow  # the rate limit did slow the stream
+    assert results["quiet"]["false_moves"] == 0, results["quiet"]
+    assert any(line.startswith("lossy 10%") for line in table.splitlines())
+    assert "false moves" in table

@@ -1,6 +1,6 @@
 """A link that loses packets while it stays up (issue 20's degraded path): shiftd's loss judge sees the
 NIC's TCP retransmissions, reports the NIC DEGRADED (tcp_retransmits) and tells the agents to move off it;
-the stream comes home once the link has been clean for the judge's hold (the lab's: 2 s)."""
+the stream comes home once the link has been clean for the judge's hold (the lab's: 5 s)."""
 
 from __future__ import annotations
 
