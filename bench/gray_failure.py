@@ -8,15 +8,20 @@ h0 streams RDMA_WRITE to h1 over one shift QP on a 2x2 lab. Each trial of a faul
   3. a burst of --during s: the detection and the move happen in it;
   4. a burst of --after s, the fault still on: where the traffic runs now;
   5. the fault removed; the trial ends when the stream is home again (the judge's hold: 5 s on the lab).
-Reported per fault: the time from t0 to the first failover report of either host (the traffic moved) and
-what found it, and the throughput during and after as ratios of before. Then the false moves: --quiet
-seconds of full load on the healthy lab, and the failovers both shiftds counted meanwhile.
+Reported per fault: the time from t0 to the first failover report of either host (the traffic moved),
+what found it (the detecting host's reason: the loss judge's move is a nic_event, the default path's ack
+deadline an error_completion; the other host follows, peer_notification), how many moves the trial had
+(a failback onto a link still lossy is found again), and the throughput during and after as ratios of
+before. Then the false moves: --quiet seconds of full load on the healthy lab, and the failovers both
+shiftds counted meanwhile. --detect-timeout sets the default path's ack deadline (SHIFT_DETECT_TIMEOUT) of
+the peers: 18 (1.07 s a try) leaves the loss judge alone to find a loss.
 
     sudo .venv/bin/python bench/gray_failure.py [--trials 3] [--loss 1,5,20] [--rate 200mbit] [--quiet 600]
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -39,18 +44,24 @@ TARGET_AFTER = 0.9  # ... and running at 0.9 of the healthy throughput on the ba
 Fault = Callable[[Lab], AbstractContextManager[None]]
 
 
-def reports_since(lab: Lab, since: float) -> list[common_pb2.FailoverReport]:
-    """Every FailoverReport either shiftd was given after `since` (time.time()), in time order."""
+def failovers_since(lab: Lab, since: float) -> list[tuple[str, common_pb2.FailoverReport]]:
+    """Every failover (not failback) either shiftd was told of after `since` (time.time()), with its host,
+    in time order."""
     found = []
     for host in lab.host_names:
         client = Client(str(lab.socket(host)), 30.0)
         try:
             request = admin_pb2.StreamEventsRequest(backlog=500, follow=False)
             events = client.admin.StreamEvents(request, timeout=30)
-            found += [e.failover for e in events if e.HasField("failover")]
+            found += [(host, e.failover) for e in events if e.HasField("failover")]
         finally:
             client.close()
-    return sorted((r for r in found if r.time_unix_nanos > since * 1e9), key=lambda r: r.time_unix_nanos)
+    failovers = [
+        (host, r)
+        for host, r in found
+        if r.time_unix_nanos > since * 1e9 and r.kind == common_pb2.FAILOVER_KIND_FAILOVER
+    ]
+    return sorted(failovers, key=lambda pair: pair[1].time_unix_nanos)
 
 
 def failovers(lab: Lab) -> int:
@@ -79,16 +90,16 @@ def trial(lab: Lab, pair: Pair, fault: Fault, during: float, after: float) -> di
         t0 = time.time()
         rate_during = burst(pair, during)
         rate_after = burst(pair, after)
-        moved = [r for r in reports_since(lab, t0) if r.kind == common_pb2.FAILOVER_KIND_FAILOVER]
+        moved = failovers_since(lab, t0)
     pair.settle()  # home again: the judge's hold has passed with nothing lost
-    first = moved[0] if moved else None
+    found = [f"{host} {r.reason}" for host, r in moved if r.reason != "peer_notification"]
     return {
         "before": before,
         "during": rate_during / before,
         "after": rate_after / before,
-        "moved_s": (first.time_unix_nanos / 1e9 - t0) if first else None,
-        "found_by": first.reason if first else "",
-        "failovers": len(moved),
+        "moved_s": (moved[0][1].time_unix_nanos / 1e9 - t0) if moved else None,
+        "found_by": found[0] if found else "",
+        "moves": len(found),
     }
 
 
@@ -123,11 +134,12 @@ def median_or_none(values: list[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-def print_table(results: dict[str, list], quiet: dict[str, float] | None) -> None:
-    print("\nGray failures on rail 0's switch, h0 -> h1 RDMA_WRITE 64 KiB, one shift QP (trials' medians)\n")
+def print_table(results: dict[str, list], quiet: dict[str, float] | None, detect: str) -> None:
+    print("\nGray failures on rail 0's switch, h0 -> h1 RDMA_WRITE 64 KiB, one shift QP (trials' medians);")
+    print(f"the default path's SHIFT_DETECT_TIMEOUT {detect}\n")
     header = (
-        f"{'fault':22} {'trials':>6} {'moved':>6} {'to move (s)':>11} {'found by':>16} "
-        f"{'before MB/s':>11} {'during':>7} {'after':>7}"
+        f"{'fault':14} {'trials':>6} {'moved':>5} {'to move (s)':>11} {'found by':>22} {'moves':>5} "
+        f"{'before MB/s':>11} {'during':>6} {'after':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -135,17 +147,19 @@ def print_table(results: dict[str, list], quiet: dict[str, float] | None) -> Non
         moved = [t["moved_s"] for t in trials]
         found = sorted({t["found_by"] for t in trials if t["found_by"]})
         to_move = median_or_none(moved)
-        before, during, after = (
-            statistics.median(t[k] for t in trials) for k in ("before", "during", "after")
+        before, during, after, moves = (
+            statistics.median(t[k] for t in trials) for k in ("before", "during", "after", "moves")
         )
         print(
-            f"{name:22} {len(trials):6d} {sum(m is not None for m in moved):6d} "
-            f"{'-' if to_move is None else f'{to_move:.2f}':>11} {','.join(found) or '-':>16} "
-            f"{before / 1e6:11.0f} {during:7.2f} {after:7.2f}"
+            f"{name:14} {len(trials):6d} {sum(m is not None for m in moved):5d} "
+            f"{'-' if to_move is None else f'{to_move:.2f}':>11} {','.join(found) or '-':>22} {moves:5g} "
+            f"{before / 1e6:11.0f} {during:6.2f} {after:6.2f}"
         )
     print(
         "\n- during, after: throughput in the burst with the fault (detection and move included) and in the"
         "\n  one after it, as ratios of the healthy one before (after: on the backup if the traffic moved)."
+        "\n- found by: the host that moved first and why; moves: the trial's detections (a failback onto a"
+        "\n  link still lossy is found again)."
         f"\n- the target at 5% loss: moved within {TARGET_MOVE_S:g} s, after >= {TARGET_AFTER:g}."
     )
     if quiet is not None:
@@ -176,7 +190,14 @@ def main() -> int:
     parser.add_argument("--during", type=float, default=2.0, help="seconds of the burst with the fault")
     parser.add_argument("--after", type=float, default=2.0, help="seconds of the burst after it")
     parser.add_argument("--quiet", type=float, default=600.0, help="seconds of healthy full load (0: none)")
+    parser.add_argument(
+        "--detect-timeout",
+        type=int,
+        help="the peers' SHIFT_DETECT_TIMEOUT (default libshift's: 12, 67 ms in all)",
+    )
     args = parser.parse_args()
+    if args.detect_timeout is not None:
+        os.environ["SHIFT_DETECT_TIMEOUT"] = str(args.detect_timeout)  # the peers inherit it
     faults: dict[str, Fault] = {}
     for loss in parse_losses(args.loss):
         faults[f"lossy {loss:g}%"] = lambda lab, loss=loss: lossy_port(lab, 0, "h0", loss)
@@ -190,7 +211,7 @@ def main() -> int:
         results = run_faults(lab, faults, args.trials, args.during, args.after)
         quiet = quiet_run(lab, args.quiet) if args.quiet > 0 else None
     print(file=sys.stderr)
-    print_table(results, quiet)
+    print_table(results, quiet, os.environ.get("SHIFT_DETECT_TIMEOUT", "12 (libshift's default)"))
     save(args, {"faults": results, "quiet": quiet})
     return 0
 

@@ -85,7 +85,7 @@ class LossConfig:
 
     window_seconds: float = 0.5  # the loss is judged over this much of monitors.tcp_loss's last polls ...
     min_segments: int = 200  # ... once they hold at least this many data segments sent
-    enter_percent: float = 2.0  # DEGRADED (tcp_retransmits) when this share of them were retransmissions
+    enter_percent: float = 2.0  # DEGRADED (retransmits) when this share of them were retransmissions
     exit_percent: float = 0.5  # a window below this counts as healthy ...
     hold_seconds: float = 30.0  # ... and the NIC is UP again this long after the last window that was not
 

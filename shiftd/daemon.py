@@ -254,7 +254,7 @@ class Daemon:
             self.metrics.flap_penalty.labels(record.name, record.spec.netdev).set_function(
                 lambda name=record.name: self.nics.flap_penalty(name)
             )
-            self.metrics.tcp_retransmits.labels(record.name, record.spec.netdev).set_function(
+            self.metrics.retransmits.labels(record.name, record.spec.netdev).set_function(
                 lambda judge=record.health.loss: (
                     math.nan if judge.loss_percent is None else judge.loss_percent / 100
                 )

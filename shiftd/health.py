@@ -5,7 +5,7 @@ drives it from its event loop and the tests from a fake clock. Going DOWN is imm
 that is what lets libshift fail over before the transport's retry timeout; coming back is
 damped, because failing back onto a link that bounces costs more than staying on the backup:
 always by the fixed hold-down, and for a NIC that keeps flapping by its penalty (damping.py). A NIC whose
-TCP traffic is being lost (its loss judge, loss.py) is DEGRADED (tcp_retransmits) until the judge clears it.
+TCP traffic is being lost (its loss judge, loss.py) is DEGRADED (retransmits) until the judge clears it.
 """
 
 from __future__ import annotations

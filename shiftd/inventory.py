@@ -89,6 +89,27 @@ def port_status(sysfs_root: Path, device: str, port: int) -> PortStatus | None:
     )
 
 
+# What an RDMA port counts of the packets it sent and of the retransmissions among them (the loss judge's
+# evidence on an RNIC, whose traffic is not TCP): each retransmission event its driver counts (rxe's
+# requester retries; mlx5's sequence-error NAKs received and local ack timeouts, each one resend), against
+# the packets it sent (rxe's sent_pkts, or the port's PMA counter).
+RETRANSMIT_COUNTERS = ("completer_retry_err", "packet_seq_err", "local_ack_timeout_err")
+SENT_COUNTERS = (("hw_counters", "sent_pkts"), ("counters", "port_xmit_packets"))
+
+
+def port_sent(sysfs_root: Path, device: str, port: int) -> tuple[int, int] | None:
+    """(packets sent, retransmissions) the port has counted since the driver loaded; None when it counts
+    either not at all (no hw_counters of a known driver, or the device is gone)."""
+    port_dir = sysfs_root / "class" / "infiniband" / device / "ports" / str(port)
+    resent = [_read(port_dir / "hw_counters" / name) for name in RETRANSMIT_COUNTERS]
+    sent = [_read(port_dir / folder / name) for folder, name in SENT_COUNTERS]
+    known_resent = [int(text) for text in resent if text.isdigit()]
+    known_sent = [int(text) for text in sent if text.isdigit()]
+    if not known_resent or not known_sent:
+        return None
+    return known_sent[0], sum(known_resent)
+
+
 def _port_netdev(dev_dir: Path, port: int) -> str:
     """The GID table names the port's netdev (lowest index: the default GID; a bond for RoCE LAG, as
     mlx5_bond_0's GIDs name bond0); IPoIB has none there, so the PCI function's netdevs are next."""

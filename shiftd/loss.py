@@ -26,7 +26,7 @@ from collections import deque
 from shiftd.config import DampingConfig, LossConfig
 from shiftd.damping import FlapDamper
 
-REASON = "tcp_retransmits"
+REASON = "retransmits"
 
 
 class LossJudge:

@@ -53,8 +53,8 @@ class Metrics:
             ["device", "netdev"],
             registry=r,
         )
-        self.tcp_retransmits = Gauge(
-            "shift_nic_tcp_retransmit_ratio",
+        self.retransmits = Gauge(
+            "shift_nic_retransmit_ratio",
             "Share of the data segments the NIC's TCP connections sent over the loss judge's last window "
             "that were retransmissions; NaN while they sent too few to judge.",
             ["device", "netdev"],

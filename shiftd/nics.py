@@ -102,9 +102,15 @@ class NicTable:
             segments, retransmitted = sum(s for s, _ in shares), sum(r for _, r in shares)
             self._apply(record, record.health.update_traffic(segments, retransmitted, now))
 
+    def port_sent(self, device: str, port: int, packets: int, retransmitted: int) -> None:
+        """An RDMA port's packets sent, and retransmissions, since the last poll (rdma_sysfs)."""
+        record = self.records.get(nic_name(device, port))
+        if record is not None:
+            self._apply(record, record.health.update_traffic(packets, retransmitted, self._clock()))
+
     def move_off(self, device: str) -> bool:
         """Whether the agents should move their traffic off `device`: its own traffic is being lost
-        (DEGRADED, tcp_retransmits) and another NIC of the host is UP and not losing what it carries."""
+        (DEGRADED, retransmits) and another NIC of the host is UP and not losing what it carries."""
         if not self.get(device).health.loss.degraded:
             return False
         return any(

@@ -10,6 +10,9 @@ state read now, so the health tracker's flap damping holds the NIC as it would f
 
 Where rdma-core can open the devices, their async events (PORT_ERR, PORT_ACTIVE, shiftd.async_events)
 cut the wait: an event makes the monitor read the ports at once rather than at the next poll.
+
+Each poll also reads what each port sent and resent since the last (inventory.port_sent: the driver's
+hw_counters) and hands it to `on_sent`, the loss judge's evidence on an RNIC, whose traffic is not TCP.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shiftd.async_events import AsyncPortEvents
-from shiftd.inventory import port_status
+from shiftd.inventory import port_sent, port_status
 from shiftd.monitors import register
 from shiftd.nic import PortStatus
 
@@ -44,14 +47,17 @@ class RdmaSysfsMonitor:
         interval: float,
         on_port: Callable[[PortStatus], None],
         async_events: bool = False,
+        on_sent: Callable[[str, int, int, int], None] | None = None,
     ) -> None:
         self.sysfs_root = Path(sysfs_root)
         self.ports = tuple(ports)
         self.interval = interval
         self.on_port = on_port
         self.async_events = async_events
+        self.on_sent = on_sent  # (device, port, packets, retransmissions) since the last poll
         self.events: AsyncPortEvents | None = None  # while run() runs with async_events
         self._last: dict[tuple[str, int], PortStatus] = {}
+        self._last_sent: dict[tuple[str, int], tuple[int, int]] = {}
 
     def poll(self) -> list[PortStatus]:
         """Read every port once; report (and return) those that differ from the last read."""
@@ -66,7 +72,21 @@ class RdmaSysfsMonitor:
             self._last[(device, port)] = status
         for status in changed:
             self.on_port(status)
+        if self.on_sent is not None:
+            self._count_sent(self.on_sent)
         return changed
+
+    def _count_sent(self, on_sent: Callable[[str, int, int, int], None]) -> None:
+        """What each port sent and resent since the last poll; the first read of a port is only its
+        baseline, and a counter that went back (the driver reloaded) starts a new one."""
+        for device, port in self.ports:
+            now = port_sent(self.sysfs_root, device, port)
+            last = self._last_sent.pop((device, port), None)
+            if now is None:
+                continue
+            self._last_sent[(device, port)] = now
+            if last is not None and now[0] >= last[0] and now[1] >= last[1]:
+                on_sent(device, port, now[0] - last[0], now[1] - last[1])
 
     async def run(self) -> None:
         """Report every port at once, then each change, until cancelled."""
@@ -113,5 +133,10 @@ def _from_config(config: MonitorsConfig, nics: NicTable) -> RdmaSysfsMonitor | N
     if not (config.rdma_sysfs and ports):
         return None
     return RdmaSysfsMonitor(
-        config.sysfs_root, ports, config.rdma_poll_seconds, nics.port_changed, config.rdma_async_events
+        config.sysfs_root,
+        ports,
+        config.rdma_poll_seconds,
+        nics.port_changed,
+        config.rdma_async_events,
+        on_sent=nics.port_sent,
     )

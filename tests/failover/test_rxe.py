@@ -29,6 +29,7 @@ from stream_harness import BOTH, PATH_LOST, Bed, Fault, admin, assert_intact, ru
 
 from libshift.api.shift.v1 import admin_pb2, common_pb2
 from libshift.verbs import get_device_list
+from shiftd.inventory import port_sent
 from shiftlab.etcdproc import EtcdProcess
 from shiftlab.rxe.network import ENDS, SYSFS_IB
 
@@ -176,8 +177,12 @@ def test_a_stream_fails_over_when_the_link_goes_down_and_back_when_it_is_up(bed:
 
 
 def test_the_peers_nic_failing_moves_both_sides(bed: RxeBed) -> None:
-    """veth1 down: the receiver's link, rxe0's carrier with it."""
+    """veth1 down: the receiver's link, rxe0's carrier with it. rxe0's own counts of what it sent rose
+    meanwhile, as the loss judge reads them (inventory.port_sent: its evidence on an RNIC)."""
+    before = port_sent(SYSFS_IB.parent.parent, "rxe0", 1)
     assert_intact(*stream(bed, "send", link("rxe1")))
+    after = port_sent(SYSFS_IB.parent.parent, "rxe0", 1)
+    assert before is not None and after is not None and after[0] > before[0] and after[1] >= before[1]
 
 
 def test_an_atomic_in_flight_when_the_link_fails_is_failed_closed(

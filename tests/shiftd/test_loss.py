@@ -10,7 +10,7 @@ import pytest
 from shiftd.config import DampingConfig, LossConfig
 from shiftd.health import NicHealth
 from shiftd.loss import LossJudge
-from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState
+from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PortStatus
 from shiftd.nics import NicTable
 
 POLL = 0.1
@@ -107,7 +107,7 @@ def test_health_says_degraded_for_lost_traffic_and_up_once_the_judge_clears() ->
     assert moved is not None and (moved.previous, moved.state, moved.reason) == (
         NicState.UP,
         NicState.DEGRADED,
-        "tcp_retransmits",
+        "retransmits",
     )
     changes = [health.update_traffic(0, 0, 0.2 + n * POLL) for n in range(1, 40)]
     back = [c for c in changes if c is not None]
@@ -122,7 +122,7 @@ def test_lost_traffic_is_named_before_an_operators_gray_fault_and_the_change_is_
     assert moved is not None and (moved.previous, moved.state, moved.reason) == (
         NicState.DEGRADED,
         NicState.DEGRADED,
-        "tcp_retransmits",
+        "retransmits",
     )
 
 
@@ -146,7 +146,7 @@ def test_the_table_gives_each_nic_the_traffic_of_its_addresses() -> None:
     nics = table(seen)
     seen.clear()
     nics.traffic_sent({"198.18.0.1": (500, 50), "198.18.1.1": (500, 0), "10.0.0.1": (500, 500)})
-    assert [(t.device, t.state, t.reason) for t in seen] == [("mlx5_0", NicState.DEGRADED, "tcp_retransmits")]
+    assert [(t.device, t.state, t.reason) for t in seen] == [("mlx5_0", NicState.DEGRADED, "retransmits")]
     assert nics.get("mlx5_1").health.loss.loss_percent == 0.0
 
 
@@ -160,3 +160,13 @@ def test_move_off_only_a_lossy_nic_with_a_healthy_one_beside_it() -> None:
     both = table()
     both.traffic_sent({"198.18.0.1": (500, 50), "198.18.1.1": (500, 50)})
     assert not both.move_off("mlx5_0")  # both lose: no better place to go
+
+
+def test_an_rdma_ports_resends_are_judged_as_tcps_are() -> None:
+    seen: list = []
+    nics = NicTable([NicSpec("mlx5_0", "", "verbs")], 1.0, lambda record, t: seen.append(t))
+    nics.port_changed(PortStatus("mlx5_0", 1, "ACTIVE", "LinkUp"))
+    nics.port_sent("mlx5_0", 1, 1000, 10)  # 1%
+    nics.port_sent("mlx5_0", 1, 1000, 50)  # 3% over the window
+    assert [(t.state, t.reason) for t in seen] == [(NicState.UP, "up"), (NicState.DEGRADED, "retransmits")]
+    nics.port_sent("mlx5_9", 1, 1000, 500)  # a port shiftd does not watch: nothing

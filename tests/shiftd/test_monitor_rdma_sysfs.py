@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from shiftd.inventory import port_sent
 from shiftd.monitors.rdma_sysfs import MISSED_FLAP, RdmaSysfsMonitor
 from shiftd.nic import PortStatus
 
@@ -143,3 +144,44 @@ async def _run_with_events(sysfs: Path) -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
     assert monitor.events is None
+
+
+def set_counters(root: Path, device: str, counters: dict[str, int]) -> None:
+    """Write an RDMA port's counters: hw_counters' by name, and the PMA counter port_xmit_packets."""
+    port = root / "class" / "infiniband" / device / "ports" / "1"
+    for name, value in counters.items():
+        folder = port / ("counters" if name == "port_xmit_packets" else "hw_counters")
+        folder.mkdir(exist_ok=True)
+        (folder / name).write_text(f"{value}\n")
+
+
+def test_each_poll_hands_on_what_each_port_sent_and_resent_since_the_last(sysfs: Path) -> None:
+    """mlx5's counters: its sequence-error NAKs and ack timeouts (each a resend) against the packets out;
+    the first read is a baseline, a port without such counters says nothing, a counter gone back (the
+    driver reloaded) starts again."""
+    sent: list[tuple[str, int, int, int]] = []
+    monitor = RdmaSysfsMonitor(
+        sysfs, [("mlx5_0", 1), ("mlx5_1", 1)], 0.1, lambda status: None, on_sent=lambda *a: sent.append(a)
+    )
+    set_counters(
+        sysfs, "mlx5_0", {"port_xmit_packets": 1000, "packet_seq_err": 5, "local_ack_timeout_err": 1}
+    )
+    monitor.poll()
+    assert sent == []  # a baseline only
+    set_counters(
+        sysfs, "mlx5_0", {"port_xmit_packets": 3000, "packet_seq_err": 45, "local_ack_timeout_err": 3}
+    )
+    monitor.poll()
+    assert sent == [("mlx5_0", 1, 2000, 42)]  # mlx5_1 has no such counters: nothing of it
+    set_counters(sysfs, "mlx5_0", {"port_xmit_packets": 10, "packet_seq_err": 0, "local_ack_timeout_err": 0})
+    monitor.poll()
+    set_counters(sysfs, "mlx5_0", {"port_xmit_packets": 110, "packet_seq_err": 0, "local_ack_timeout_err": 0})
+    monitor.poll()
+    assert sent[1:] == [("mlx5_0", 1, 100, 0)]
+
+
+def test_rxe_counts_its_requesters_retries_against_its_sent_packets(sysfs: Path) -> None:
+    set_counters(sysfs, "mlx5_0", {"sent_pkts": 500, "completer_retry_err": 7, "rcvd_pkts": 9})
+    assert port_sent(sysfs, "mlx5_0", 1) == (500, 7)
+    assert port_sent(sysfs, "mlx5_1", 1) is None  # no counters
+    assert port_sent(sysfs, "mlx5_9", 1) is None  # no device
