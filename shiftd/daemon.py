@@ -83,6 +83,7 @@ class Daemon:
             config.health.hold_down_seconds,
             self._on_transition,
             self._rearm_hold_timer,
+            on_readdressed=self._on_readdressed,
             damping=config.damping,
             loss=config.loss,
         )
@@ -343,6 +344,15 @@ class Daemon:
         level = logging.WARNING if transition.state != NicState.UP else logging.INFO
         log.log(level, "%s (%s): %s -> %s (%s)", record.name, spec.netdev, transition.previous.name,
                 transition.state.name, transition.reason)  # fmt: skip
+
+    def _on_readdressed(self, record: NicRecord, before: tuple[str, ...]) -> None:
+        """A NIC's addresses changed, and with them its GID (a NIC back from repair with another address):
+        the record in etcd, which peers read for its GID, is published again at once, state change or not."""
+        nic = self.nics.to_proto(record.name)
+        log.warning("%s (%s): addresses %s -> %s, GID now %s: its record is published again", record.name,
+                    record.spec.netdev, ", ".join(before) or "none", ", ".join(nic.addresses) or "none",
+                    nic.gid or "none")  # fmt: skip
+        self._publish_nic(record.name)
 
     def _on_peer_nic(self, event: common_pb2.NicEvent) -> None:
         """A peer host's NIC changed (its shiftd's record in etcd): the agents judge their QPs to it."""

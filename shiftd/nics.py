@@ -44,12 +44,14 @@ class NicTable:
         on_transition: Callable[[NicRecord, Transition], None],
         on_input: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        on_readdressed: Callable[[NicRecord, tuple[str, ...]], None] = lambda record, before: None,
         damping: DampingConfig | None = None,
         loss: LossConfig | None = None,
     ) -> None:
         self._clock = clock
         self._on_transition = on_transition
         self._on_input = on_input  # any input may move a hold-down deadline
+        self._on_readdressed = on_readdressed  # its addresses changed, its GID with them: (record, before)
         self.records: dict[str, NicRecord] = {
             nic_name(spec.device, spec.port): NicRecord(
                 nic_name(spec.device, spec.port),
@@ -76,7 +78,10 @@ class NicTable:
     def link_changed(self, status: LinkStatus) -> None:
         for record in self.records.values():
             if record.spec.netdev == status.netdev:
+                before = record.health.link
                 self._input(record, record.health.update_link(status, self._clock()))
+                if before is not None and status.present and before.addresses != status.addresses:
+                    self._on_readdressed(record, before.addresses)
 
     def port_changed(self, status: PortStatus) -> None:
         record = self.records.get(nic_name(status.device, status.port))

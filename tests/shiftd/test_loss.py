@@ -170,3 +170,20 @@ def test_an_rdma_ports_resends_are_judged_as_tcps_are() -> None:
     nics.port_sent("mlx5_0", 1, 1000, 50)  # 3% over the window
     assert [(t.state, t.reason) for t in seen] == [(NicState.UP, "up"), (NicState.DEGRADED, "retransmits")]
     nics.port_sent("mlx5_9", 1, 1000, 500)  # a port shiftd does not watch: nothing
+
+
+def test_the_table_tells_of_a_nic_given_other_addresses_but_not_of_its_first_report_or_its_removal() -> None:
+    readdressed: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
+    nics = NicTable(
+        [TCP],
+        1.0,
+        lambda record, t: None,
+        on_readdressed=lambda record, before: readdressed.append(
+            (record.name, before, record.health.link.addresses)
+        ),
+    )
+    nics.link_changed(UP_LINK)  # the first report: nothing was known before
+    nics.link_changed(replace(UP_LINK, carrier=False, operstate="lowerlayerdown"))  # same addresses
+    nics.link_changed(replace(UP_LINK, addresses=("198.18.0.9",)))
+    nics.link_changed(LinkStatus("eth0", present=False))  # removed: its addresses went with it, not changed
+    assert readdressed == [("mlx5_0", ("198.18.0.1",), ("198.18.0.9",))]

@@ -292,6 +292,31 @@ def test_killed_daemon_keys_expire_with_its_lease(lab):
     assert wait_until(lambda: "/shift/v1/hosts/h1" in etcd_keys(lab), timeout=15)
 
 
+def test_a_nic_given_another_address_has_its_record_and_gid_published_again(lab):
+    """h0's mlx5_1 changes its address (a NIC back from repair, re-addressed) without changing state: its
+    record in etcd, where peers read its GID, follows at once, and back again."""
+    ns, netdev = lab.namespace("h0"), lab.shape.devices()["mlx5_1"]
+    old, new = lab.shape.rail_address(1, 0), "198.18.1.99"
+
+    def readdress(add: str, drop: str) -> None:  # the old one first: deleting a primary takes its secondaries
+        subprocess.run(["ip", "-n", ns, "addr", "del", f"{drop}/24", "dev", netdev], check=True)
+        subprocess.run(["ip", "-n", ns, "addr", "add", f"{add}/24", "dev", netdev], check=True)
+
+    assert wait_until(
+        lambda: etcd_nic(lab, "h0", "mlx5_1")["state"] == "NIC_STATE_UP", timeout=10
+    )  # a lab just up
+    assert etcd_nic(lab, "h0", "mlx5_1")["gid"] == f"::ffff:{old}"
+    readdress(new, old)
+    try:
+        assert wait_until(lambda: etcd_nic(lab, "h0", "mlx5_1")["gid"] == f"::ffff:{new}", timeout=10)
+        assert etcd_nic(lab, "h0", "mlx5_1")["addresses"] == [new]
+        record = etcd_nic(lab, "h0", "mlx5_1")
+        assert record["state"] == "NIC_STATE_UP", record  # no state change needed for it
+    finally:
+        readdress(old, new)
+    assert wait_until(lambda: etcd_nic(lab, "h0", "mlx5_1")["gid"] == f"::ffff:{old}", timeout=10)
+
+
 def test_bad_input_gives_one_line(lab):
     unknown = shiftctl(lab, "h0", "fail-nic", "mlx5_7")
     assert unknown.returncode == 1
