@@ -99,7 +99,7 @@ class MonitorsConfig:
     rdma_poll_seconds: float = 0.5
     rdma_async_events: bool = True  # read the ports at once on a device's PORT_ERR / PORT_ACTIVE
     tcp_loss: bool = True  # count the NICs' TCP retransmissions (sock_diag) for the loss judge ([loss])
-    tcp_loss_poll_seconds: float = 0.1
+    tcp_loss_poll_seconds: float = 0.2  # a dump of 2,000 sockets costs ~8 ms of CPU
     # the RDMA devices in sysfs that are this host's; empty: every one (a lab on one kernel lists its host's)
     rdma_devices: tuple[str, ...] = ()
 
