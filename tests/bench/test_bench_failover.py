@@ -123,8 +123,9 @@ def test_gray_failure(lab, tmp_path: Path) -> None:
     """One trial of a 10% lossy port and one of a slow port, and a few seconds of healthy load: the lossy
     one moved the traffic, found by some detection, and nothing moved on the healthy lab."""
     table, results = bench(
-        lab, tmp_path, "gray_failure", "--trials", "1", "--loss", "10", "--rate", "100mbit", "--quiet", "3"
-    )
+        lab, tmp_path, "gray_failure", "--trials", "1", "--loss", "10", "--rate", "100mbit", "--quiet", "3",
+        "--during", "1", "--after", "1",
+    )  # fmt: skip
     (lossy,) = results["faults"]["lossy 10%"]
     assert lossy["moved_s"] is not None and 0 < lossy["moved_s"] < 5, lossy
     host, reason = lossy["found_by"].split()
