@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 from shiftd.monitors import register
-from shiftd.monitors.netlink import NLMSG, attributes
+from shiftd.monitors.netlink import NLMSG, RECV_BYTES, attributes
 
 if TYPE_CHECKING:
     from shiftd.config import MonitorsConfig
@@ -46,7 +46,6 @@ DIAG_MSG = struct.Struct("=B3x4x4s12x16x4xQ20x")
 # tcp_info up to tcpi_data_segs_out (Linux 4.6): tcpi_total_retrans at 100, tcpi_data_segs_out at 156
 TCP_INFO = struct.Struct("=100xI52xI")
 INFO_ATTR = frozenset((INET_DIAG_INFO,))
-RECV_BYTES = 1 << 18
 
 
 class SocketCounts(NamedTuple):
@@ -122,6 +121,7 @@ class TcpLossMonitor:
         self.interval = interval
         self.on_sent = on_sent
         self._sequence = 0
+        self._buffer = bytearray(RECV_BYTES)  # one for every dump: a poll allocates nothing
 
     async def run(self) -> None:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, NETLINK_SOCK_DIAG)
@@ -143,10 +143,9 @@ class TcpLossMonitor:
         self._sequence += 1
         await loop.sock_sendall(sock, dump_request(self._sequence))
         found: dict[int, SocketCounts] = {}
-        buffer = bytearray(RECV_BYTES)
         while True:
-            size = await loop.sock_recv_into(sock, buffer)
-            for counts in decode(memoryview(buffer)[:size]):
+            size = await loop.sock_recv_into(sock, self._buffer)
+            for counts in decode(memoryview(self._buffer)[:size]):
                 if counts is None:
                     return found
                 found[counts.cookie] = counts
