@@ -5,8 +5,9 @@ Each trial takes the link of h0's mlx5_0 down and times, on CLOCK_MONOTONIC:
   t0          just before the netlink RTM_NEWLINK that sets the link down is sent: by default h0's port
               on the rail-0 switch (h0 loses carrier, as when a cable or switch port dies), with
               --fault link h0's own ens1f0np0 (as `ip link set down` on the host);
-  downtime    t0 -> the sender polls the first successful completion of a WR posted after t0: such a WR
-              cannot have gone over the dead link, so its completion is the first good one on the backup;
+  downtime    t0 -> the sender polls the first successful completion of a WR posted after the kernel
+              acked the request: such a WR cannot have gone over the dead link, so its completion is the
+              first good one on the backup (one posted between t0 and the ack may still have made it);
 and, for the breakdown, when shiftd saw the link change and when the application's agent got the NIC event.
 With --steps both peers also keep the moments of their switch's steps (libshift.shift.steps), and a second
 table gives, per stream, the median time after t0 of each step on each host: where the downtime goes.
@@ -23,15 +24,17 @@ import sys
 from typing import Any
 
 from failover_lab import Pair, arguments, lab_for, progress, save, summary, switch_port
-from nic_event_latency import set_link
+from nic_event_latency import LinkSet, set_link
 
 from shiftlab.lab import Lab
 
 TARGET_MS = 1.0
-DETECTIONS = ("link_event", "nic_event")  # the context's own link watch; shiftd's event through the agent
+# the context's own link watch; shiftd's event through the agent; a QP's error completion (the ack deadline:
+# when the kernel told of the link late, after the carrier had come back, no one heard of it)
+DETECTIONS = ("link_event", "nic_event", "error_completion")
 
 
-def fault(lab: Lab, kind: str, up: bool) -> int:
+def fault(lab: Lab, kind: str, up: bool) -> LinkSet:
     if kind == "port":
         return switch_port(lab, "h0", up)
     return set_link(lab.namespace("h0"), lab.shape.netdev(0), up)
@@ -44,8 +47,9 @@ def trials(lab: Lab, mode: str, count: int, kind: str, keep_steps: bool) -> dict
         pair.settle()
         for i in range(count):
             pair.sender.ask("armed", arm=True)  # a WR beyond the window every 50 us from now
-            t0 = fault(lab, kind, up=False)
-            resumed = pair.sender.ask("resumed", mark=t0)
+            down = fault(lab, kind, up=False)
+            t0 = down.asked
+            resumed = pair.sender.ask("resumed", mark=t0, after=down.done)
             if not resumed["resumed"]:
                 raise SystemExit(f"{mode}: trial {i + 1} did not resume: {resumed}")
             arrived, seen = resumed["nic_event"] or (None, None)
@@ -73,7 +77,7 @@ def trials(lab: Lab, mode: str, count: int, kind: str, keep_steps: bool) -> dict
 def step_times(moments: dict[str, list[list[Any]]], windows: list[tuple[int, int]]) -> dict[str, list[float]]:
     """Per "host step": in each trial's window (t0 to the first good completion), ms from t0 to the step's
     first moment on that host; a trial in which a step did not happen in time has no entry for it. A
-    host's "detected" is the first of its link watch's event and shiftd's (the one that moved the QPs)."""
+    host's "detected" is the first of its DETECTIONS (the one that moved the QPs)."""
     found: dict[str, list[float]] = {}
     for t0, first in windows:
         for host, kept in moments.items():
@@ -92,7 +96,7 @@ def step_times(moments: dict[str, list[list[Any]]], windows: list[tuple[int, int
 def print_table(results: dict[str, list[dict[str, float]]], kind: str) -> None:
     what = "h0's switch port (carrier lost)" if kind == "port" else "h0's link set down"
     print(f"\nFailover downtime, t0 = the netlink request that takes {what} down (ms, CLOCK_MONOTONIC)")
-    print("downtime: t0 -> first successful completion of a WR posted after t0 (it went over the backup)\n")
+    print("downtime: t0 -> first successful completion of a WR posted once the link was down (the backup)\n")
     header = (
         f"{'stream':7} {'trials':>6} {'median':>8} {'p99':>8} {'max':>8}   "
         f"{'shiftd saw':>10} {'agent got':>10} {'libshift':>9}   target"
@@ -126,7 +130,8 @@ def print_steps(results: dict[str, dict[str, Any]]) -> None:
                 f"   ({len(times)}/{len(samples)} trials)"
             )
     print("\nlink_event: the link watch saw the carrier go; nic_event: shiftd's NIC event reached the")
-    print("context; detected: the first of the two; switch: a QP began to leave its path;")
+    print("context; error_completion: a QP's ack deadline passed (no one heard of the link in time);")
+    print("detected: the first of these; switch: a QP began to leave its path;")
     print("old_path_stopped: nothing more lands there, its count is final; count_sent: the count goes")
     print("out on the new path; peer_count: the peer's came; replay_posted: what the peer lacks")
     print("is posted on the new path; marked: the sender has t0 and posts one WR more, the one whose")

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nic_event_latency import percentile, set_link
+from nic_event_latency import LinkSet, percentile, set_link
 
 from shiftlab import netns
 from shiftlab.etcdproc import EtcdError
@@ -150,7 +150,7 @@ class Pair:
 # faults: each returns t0, CLOCK_MONOTONIC ns just before the kernel got the request
 
 
-def switch_port(lab: Lab, host: str, up: bool, rail: int = 0) -> int:
+def switch_port(lab: Lab, host: str, up: bool, rail: int = 0) -> LinkSet:
     """Set `host`'s port on rail `rail`'s switch down or up: the host's NIC loses or regains carrier."""
     return set_link(lab.shape.rail_ns(rail), host, up)
 

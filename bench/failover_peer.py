@@ -9,9 +9,11 @@ way, connects `--qps` QPs (one CQ for all), prints {"connected", "connected_s"},
   {"arm": true}           sender: answer {"armed"}, then post one WR beyond the window on every QP each
                           TICK (while it has SPARE room), so that one is posted within TICK of a fault
                           however late the {"mark"} comes (the order's own trip takes 1-2 ms);
-  {"mark": t0}            sender: post one more WR on every QP at once, and answer {"resumed"} once every
-                          QP has completed a WR posted at or after t0 (CLOCK_MONOTONIC ns): a WR posted after
-                          the fault can only complete on the backup; the ticks of {"arm"} end with it;
+  {"mark": t0, "after": t}  sender: post one more WR on every QP at once, and answer {"resumed"} once every
+                          QP has completed a WR posted at or after t (CLOCK_MONOTONIC ns; t0 when not given),
+                          the moment the fault had taken effect: such a WR can only complete on the backup
+                          (one posted between t0 and t may have made it over the old path just in time);
+                          NIC events count from t0; the ticks of {"arm"} end with it;
   {"burst": seconds}      sender: stream for that long, answer {"burst": bytes, seconds};
   {"ping": n}             sender: n ping-pongs of --size bytes on QP 0, answer {"ping": [half round trips]};
   {"nic": "down", "since": t}  sender: answer {"nic": true} once shiftd's NIC event ("down" or "up") for
@@ -173,7 +175,8 @@ class Sender:
         self.done_bytes = array("q")
         self.states: list[tuple[int, str]] = []  # (time, state) of QP 0 whenever it changes
         self.errors: list[str] = []
-        self.mark: tuple[int, dict[int, int], float] | None = None  # t0, qpn -> first completion, deadline
+        # t0, the fault's effect (the earliest post that counts), qpn -> first completion, deadline
+        self.mark: tuple[int, int, dict[int, int], float] | None = None
         self.ticked: int | None = None  # while armed: when the last WR beyond the window went
         self.ticks: deque[tuple[Lane, int]] = deque()  # those WRs not yet completed: (lane, seq)
         self.armed_done: list[tuple[int, int, int]] = []  # while armed, before the mark: (qpn, posted, done)
@@ -251,8 +254,8 @@ class Sender:
             lane.done = wc.wr_id + 1
             self.done_ns.append(now)
             self.done_bytes.append(count * self.args.size)
-            if self.mark is not None and posted[-1] >= self.mark[0]:
-                self.mark[1].setdefault(lane.qp.qp_num, now)
+            if self.mark is not None and posted[-1] >= self.mark[1]:
+                self.mark[2].setdefault(lane.qp.qp_num, now)
             elif self.mark is None and self.ticked is not None:  # t0 is not known here yet
                 self.armed_done.append((lane.qp.qp_num, posted[-1], now))
         state = self.stack.state(self.stack.lanes[0])
@@ -263,7 +266,7 @@ class Sender:
     def check_mark(self) -> None:
         if self.mark is None:
             return
-        t0, firsts, deadline = self.mark
+        t0, _after, firsts, deadline = self.mark
         if len(firsts) == len(self.stack.lanes) or time.monotonic() > deadline or self.errors:
             times = sorted(firsts.values())
             events = [(arrived, seen) for arrived, seen, state in self.stack.nic_events if arrived >= t0]
@@ -320,11 +323,12 @@ class Sender:
                 say(armed=True)
             elif "mark" in order:
                 t0 = int(order["mark"])
+                after = int(order.get("after", t0))
                 firsts: dict[int, int] = {}
                 for qpn, posted, done in self.armed_done:  # completions that came before the mark did
-                    if posted >= t0:
+                    if posted >= after:
                         firsts.setdefault(qpn, done)
-                self.mark = (t0, firsts, time.monotonic() + ANSWER_WITHIN)
+                self.mark = (t0, after, firsts, time.monotonic() + ANSWER_WITHIN)
                 self.post_beyond_window()
             elif "settled" in order or "nic" in order:
                 self.stack.expect(order)

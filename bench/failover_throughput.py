@@ -38,11 +38,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         start = time.monotonic_ns()
         progress("streaming on mlx5_0...")
         time.sleep(args.before)
-        down = switch_port(lab, "h0", up=False)
-        resumed = pair.sender.ask("resumed", mark=down)
+        port = switch_port(lab, "h0", up=False)
+        down = port.asked
+        resumed = pair.sender.ask("resumed", mark=down, after=port.done)
         progress("on the backup...")
         time.sleep(max(0.0, args.during - (time.monotonic_ns() - down) / 1e9))
-        up = switch_port(lab, "h0", up=True)
+        up = switch_port(lab, "h0", up=True).asked
         progress("link back; failing back...")
         pair.sender.ask("settled", settled=True)
         time.sleep(args.after)

@@ -48,8 +48,9 @@ def failovers(lab: Lab, qps: int, trials: int) -> tuple[list[dict[str, float]], 
         pair.sender.send(stream=True)
         pair.settle()
         for i in range(trials):
-            t0 = switch_port(lab, "h0", up=False)
-            resumed = pair.sender.ask("resumed", mark=t0, timeout=120)
+            down = switch_port(lab, "h0", up=False)
+            t0 = down.asked
+            resumed = pair.sender.ask("resumed", mark=t0, after=down.done, timeout=120)
             if not resumed["resumed"]:
                 raise SystemExit(f"trial {i + 1}: only {resumed['qps']} of {qps} QPs resumed: {resumed}")
             samples.append({k: (resumed[f"{k}_ns"] - t0) / 1e6 for k in ("first", "median", "all")})

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from shiftlab import netns
 from shiftlab.lab import Lab
@@ -116,17 +117,26 @@ def link_request(index: int, up: bool) -> bytes:
     return struct.pack("=IHHII", 16 + len(body), RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK, 1, 0) + body
 
 
-def set_link(ns: str, ifname: str, up: bool) -> int:
-    """Take the link up or down inside `ns`; returns CLOCK_MONOTONIC (ns) just before the kernel got it."""
+class LinkSet(NamedTuple):
+    """When a link was set up or down (CLOCK_MONOTONIC ns): `asked` just before the kernel got the request,
+    `done` at its ack. The kernel acks once the link has changed, so a packet sent after `done` cannot have
+    used the old state, while one sent between the two may have."""
 
-    def inside() -> int:
+    asked: int
+    done: int
+
+
+def set_link(ns: str, ifname: str, up: bool) -> LinkSet:
+    """Take the link up or down inside `ns`, timed."""
+
+    def inside() -> LinkSet:
         index = socket.if_nametoindex(ifname)
         request = link_request(index, up)
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
-            started = time.monotonic_ns()
+            asked = time.monotonic_ns()
             sock.send(request)
             sock.recv(4096)  # the ack
-        return started
+            return LinkSet(asked, time.monotonic_ns())
 
     return netns.run(ns, inside)
 
@@ -135,7 +145,7 @@ def trial(ns: str, ifname: str, subscriber: Line, raw: Line | None) -> dict[str,
     """One link-down, timed; then the link back up and the NIC UP again (after the hold-down)."""
     if raw is not None:
         raw.drain()
-    started = set_link(ns, ifname, up=False)
+    started = set_link(ns, ifname, up=False).asked
     arrived, seen = wait_event(subscriber, "mlx5_0", STATE_DOWN)
     sample = {
         "shiftd_ms": (seen - started) / 1e6,

@@ -30,6 +30,7 @@ from shiftd.fault_spec import Fault
 from shiftd.faults import FaultInjector
 from shiftd.health import Transition
 from shiftd.listenfds import ListenError, inherited_socket
+from shiftd.logthread import log_off_the_loop
 from shiftd.metrics import Metrics
 from shiftd.nic import FaultMode, NicState
 from shiftd.nics import NicRecord, NicTable
@@ -491,19 +492,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_config:
         print(f"shiftd: {args.config or config_mod.DEFAULT_PATH}: OK")
         return 0
-    logging.basicConfig(
-        level=(args.log_level or config.log_level).upper(),
-        format=f"%(asctime)s shiftd[{config.host}] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    log_writer = log_off_the_loop(
+        (args.log_level or config.log_level).upper(),
+        f"%(asctime)s shiftd[{config.host}] %(levelname)s %(name)s: %(message)s",
+        sys.stderr,
     )
+    try:
+        failure = run(config)
+    finally:
+        log_writer.stop()  # what is queued is written, before the failure's line
+    if failure is not None:
+        print(f"shiftd: {failure}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run(config: config_mod.Config) -> StartupError | None:
+    """Serve until a signal ends it; what kept the daemon from starting, if anything did."""
     try:
         asyncio.run(serve(config))
     except StartupError as exc:
-        print(f"shiftd: {exc}", file=sys.stderr)
-        return 1
+        return exc
     except KeyboardInterrupt:
         pass
-    return 0
+    return None
 
 
 if __name__ == "__main__":

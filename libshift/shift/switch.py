@@ -62,6 +62,8 @@ class Switcher:
         if to == qp.current or qp.states.send not in SWITCHABLE or not qp.armed[to]:
             return
         started, left, resumed = time.monotonic(), qp.current, qp.states.send not in AWAITING_COUNT
+        if reason == "error_completion":  # the data path's own detection, when no NIC event came first
+            steps.note(qp.qp_num, reason)
         steps.note(qp.qp_num, "switch")
         qp.states.step(Transition.STOP)  # the fence's held sends go with the rest, after the peer's count
         qp.doubt.end(surface=False)  # what it held failed on the path left: settled with the rest

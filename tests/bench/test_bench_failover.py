@@ -43,7 +43,7 @@ def bench(lab, tmp_path: Path, script: str, *args: str) -> tuple[str, dict]:
 
 # The steps of a failover that each trial must show, and pairs of them that can only come in this order: a
 # host's own steps in program order, and a count taken only after the peer began to switch and send it.
-# "detected" is the first of the link watch's event and shiftd's, whichever moved the QPs.
+# "detected" is the first of the link watch's event, shiftd's and an ack deadline, whichever moved the QPs.
 STEPS = ("detected", "switch", "old_path_stopped", "count_sent", "peer_count", "replay_posted")
 BEFORE = [
     ("h0 detected", "h0 switch"),
