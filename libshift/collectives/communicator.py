@@ -17,6 +17,7 @@ from libshift.collectives import ops, plan
 from libshift.collectives.device import pick_device
 from libshift.collectives.errors import CollectiveError
 from libshift.collectives.ops import ReduceOp
+from libshift.collectives.pairs import Done, Pairs
 from libshift.collectives.ring import CHUNK, Ring
 from libshift.collectives.store import Store
 
@@ -45,7 +46,9 @@ class Communicator:
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
         self.rank, self.world_size = rank, world_size
+        self._store, self._prefix, self._timeout = store, prefix, timeout
         self._ring: Ring | None = None
+        self._pairs: Pairs | None = None  # point to point, made at its first use
         self._closed = False
         self._failed: CollectiveError | None = None  # an earlier failure: the ring's state is unknown
         if world_size > 1:
@@ -162,6 +165,26 @@ class Communicator:
             start = int(table[q][: self.rank].sum())
             np.copyto(out.reshape(-1).view(np.uint8), blocks[q][start : start + out.nbytes])
 
+    def send(self, array: object, peer: int, tag: int, done: Done) -> None:
+        """Send `array` to rank `peer`, where a recv with the same tag and size takes it; returns at once,
+        `done(error or None)` is called (on another thread) when it has ended. Sends and receives between
+        two ranks pair up in the order they were made (pairs.py)."""
+        self._point_to_point(peer).send(ops.as_array(array, "array", writable=False), peer, tag, done)
+
+    def recv(self, array: object, peer: int, tag: int, done: Done) -> None:
+        """Receive into `array` what rank `peer` sends with the same tag; as `send`, returns at once."""
+        self._point_to_point(peer).recv(ops.as_array(array, "array", writable=True), peer, tag, done)
+
+    def _point_to_point(self, peer: int) -> Pairs:
+        self._check_rank(peer, "peer")
+        if peer == self.rank:
+            raise ValueError(f"peer must be another rank than this one ({self.rank})")
+        ring = self._live()
+        assert ring is not None  # a world of one has no other rank
+        if self._pairs is None:
+            self._pairs = Pairs(ring.ctx, ring.pd, ring.alarm, self._store, self._prefix, self._timeout)
+        return self._pairs
+
     def barrier(self) -> None:
         """Return once every rank has entered the barrier: one byte from each rank goes round the ring."""
         ring = self._live()
@@ -252,6 +275,8 @@ class Communicator:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._pairs is not None:
+                self._pairs.close()
             if self._ring is not None:
                 self._ring.close(farewell=self._failed is None)
 

@@ -36,17 +36,15 @@ SUPPORTED = ", ".join(
         "all_to_all",
         "all_to_all_single",
         "barrier",
+        "send",
+        "recv (from a named rank)",
     )
 )
 INLINE_BYTES = 64 << 10  # a call on this many bytes at most may run on the caller's thread (work.py)
 # torch's operators by name (PREMUL_SUM, a scaled sum torch builds for FSDP, has no counterpart)
 REDUCE_OPS = {getattr(dist.ReduceOp, op.name): op for op in ReduceOp}
 # ProcessGroup methods without a mapping, and the torch.distributed call a user made to reach each
-UNSUPPORTED = {
-    "send": "send",
-    "recv": "recv",
-    "recv_anysource": "recv",
-}
+UNSUPPORTED = {"recv_anysource": "recv without a source rank"}
 
 
 def unsupported(call: str) -> NotImplementedError:
@@ -201,6 +199,22 @@ class ShiftProcessGroup(dist.ProcessGroup):
         outs = self._splits(output, output_split_sizes, call)
         ins = self._splits(tensor, input_split_sizes, call)
         return self._submit(call, [output], lambda: self._comm.all_to_all(outs, ins))
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> ShiftWork:
+        return self._point_to_point("send", self._comm.send, tensors, dst, tag)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> ShiftWork:
+        return self._point_to_point("recv", self._comm.recv, tensors, src, tag)
+
+    @staticmethod
+    def _point_to_point(
+        call: str, start: Callable[..., None], tensors: list[torch.Tensor], peer: int, tag: int
+    ) -> ShiftWork:
+        """A send or recv: started at once, beside the collectives (pairs.py); the transfer ends its Work."""
+        one_each(tensors, [[]], call)
+        work = ShiftWork(call, tensors)
+        start(raw(tensors[0], call), peer, tag, work.finish)
+        return work
 
     def barrier(self, opts: object = None) -> ShiftWork:
         return self._submit("barrier", None, self._comm.barrier)

@@ -81,8 +81,10 @@ def run_case(comm: Communicator, case: Case, index: int, out: Path) -> None:
 
 def run_loop(comm: Communicator, count: int, iterations: int | None, out: Path) -> None:
     """x <- all_reduce(x) / world + the rank's input, over and over: a lost, doubled or stale chunk
-    anywhere changes the final x. Without `iterations`, until rank 0 reads a line on stdin: every
-    iteration all-reduces a stop flag too, so that all ranks stop after the same iteration."""
+    anywhere changes the final x. Each iteration also passes the all-reduced x on to the right neighbour
+    by send and recv, and checks what came from the left. Without `iterations`, until rank 0 reads a
+    line on stdin: every iteration all-reduces a stop flag too, so that all ranks stop after the same
+    iteration."""
     mine = make_input(Case("all_reduce", "float32", count), 0, comm.rank)
     x = mine.copy()
     told = threading.Event()
@@ -97,16 +99,40 @@ def run_loop(comm: Communicator, count: int, iterations: int | None, out: Path) 
                 if stop[0]:
                     break
             comm.all_reduce(x)
+            np.divide(x, comm.world_size, out=x)
+            pass_on(comm, x, done)
         except CollectiveError as exc:
             say(error=str(exc), kind=type(exc).__name__, at=time.time())
             raise
-        np.divide(x, comm.world_size, out=x)
         x += mine
         done += 1
         if done % PROGRESS_EVERY == 0:
             say(progress=done, at=time.time())
     np.save(out / f"loop-{comm.rank}.npy", x)
     say(iterations=done)
+
+
+def pass_on(comm: Communicator, x: np.ndarray, tag: int) -> None:
+    """Point to point in the loop: x (all-reduced, so the same bits on every rank) goes to the right
+    neighbour while the left's comes in; what comes must be x, bit for bit."""
+    n = comm.world_size
+    came = np.empty_like(x)
+    ended: list[BaseException | None] = []
+    both = threading.Semaphore(0)
+
+    def end(error: BaseException | None) -> None:
+        ended.append(error)
+        both.release()
+
+    comm.send(x, (comm.rank + 1) % n, tag, end)
+    comm.recv(came, (comm.rank - 1) % n, tag, end)
+    for _ in range(2):
+        if not both.acquire(timeout=60):
+            raise CollectiveError(f"rank {comm.rank}: the neighbours' exchange {tag} did not end in 60 s")
+    if any(ended):
+        raise next(error for error in ended if error)
+    if not np.array_equal(came, x):
+        raise CollectiveError(f"rank {comm.rank}: exchange {tag} brought other bits than the all-reduce's")
 
 
 def run_mismatch(comm: Communicator) -> None:

@@ -32,8 +32,7 @@ MISTAKES = {
     "broadcast from a rank out of range": lambda: dist.broadcast(torch.ones(4), src=7),
 }
 UNSUPPORTED = {
-    "send": lambda t: dist.send(t, dst=1 - dist.get_rank()),
-    "recv": lambda t: dist.recv(t, src=1 - dist.get_rank()),
+    "recv without a source": lambda t: dist.recv(t),
     "monitored_barrier": lambda t: dist.monitored_barrier(),
 }
 
@@ -165,6 +164,25 @@ def against_gloo(rank: int, world: int) -> dict[str, str]:
         dist.all_to_all_single(out, rows, output_split_sizes=taken, input_split_sizes=sent, group=group)
         return [out]
 
+    def point_to_point(group: object) -> list[torch.Tensor]:
+        """Each rank's isend to the next and irecv from the one before, both posted before either is waited
+        for; then a pipeline's blocking send of 1 MiB from rank 0 to the last, and an empty one back."""
+        right, left = (rank + 1) % world, (rank - 1) % world
+        got, big, empty = torch.zeros(8, dtype=torch.float64), torch.zeros(1 << 18), torch.zeros(0)
+        ring = [
+            dist.P2POp(dist.isend, values(rank, torch.float64) * 5, right, group=group, tag=7),
+            dist.P2POp(dist.irecv, got, left, group=group, tag=7),
+        ]
+        for work in dist.batch_isend_irecv(ring):
+            work.wait()
+        if rank == 0:
+            dist.send(torch.arange(1 << 18, dtype=torch.float32), dst=world - 1, group=group)
+            dist.recv(empty, src=world - 1, group=group)
+        elif rank == world - 1:
+            dist.recv(big, src=0, group=group)
+            dist.send(empty, dst=0, group=group)
+        return [got, big, empty]
+
     def second_group(group: object) -> list[torch.Tensor]:
         t = values(rank, torch.float32)
         dist.all_reduce(t, group=second if group is None else group)
@@ -173,7 +191,10 @@ def against_gloo(rank: int, world: int) -> dict[str, str]:
     def no_sync(group: object) -> list[torch.Tensor]:
         return [torch.tensor(list(train(rank, 4, group, accumulate=2, say_steps=False).encode()))]
 
-    calls = [reduce, gather, scatter, all_to_all, all_to_all_single, all_to_all_uneven, second_group, no_sync]
+    calls = [
+        reduce, gather, scatter, all_to_all, all_to_all_single, all_to_all_uneven, point_to_point,
+        second_group, no_sync,
+    ]  # fmt: skip
     outcome = {
         "fully_shard as DDP over gloo": same_digest(
             train_fsdp(rank, world, 3), train(rank, 3, gloo, say_steps=False)

@@ -1,0 +1,135 @@
+"""Point to point (pairs.py) between two Communicators of one process, over loopback tcp devices.
+
+No shiftd: the QPs are plain, so what is checked is the staging itself: order, messages of many chunks,
+sends ahead of their receives and more than the slots hold, empty arrays, and a mistake that fails the
+receive and leaves the pair usable.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from libshift.collectives import CollectiveError, Communicator, FileStore
+from libshift.collectives.pairs import SLOTS
+
+WAIT = 30.0
+
+
+class Outcome:
+    """A transfer's end, as its `done` callback tells it (on the pairs' thread)."""
+
+    def __init__(self) -> None:
+        self.ended = threading.Event()
+        self.error: BaseException | None = None
+
+    def __call__(self, error: BaseException | None) -> None:
+        self.error = error
+        self.ended.set()
+
+    def result(self) -> BaseException | None:
+        assert self.ended.wait(WAIT), "the transfer did not end"
+        return self.error
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Communicator, Communicator]]:
+    store = FileStore(tmp_path_factory.mktemp("store"), timeout=WAIT)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SHIFT_TCP_DEVICES", "mlx5_0=lo")
+        env.setenv("SHIFT_SOCKET", str(tmp_path_factory.mktemp("none") / "shiftd.sock"))  # no shiftd
+        env.setenv("SHIFT_DEVICE", "mlx5_0")
+        made: dict[int, Communicator] = {}
+        threads = [
+            threading.Thread(target=lambda r=r: made.__setitem__(r, Communicator(store, r, 2)))
+            for r in (0, 1)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT)
+        assert set(made) == {0, 1}, "the ring did not connect"
+        yield made[0], made[1]
+        for comm in made.values():
+            comm.close()
+
+
+def send(comm: Communicator, array: np.ndarray, peer: int, tag: int = 0) -> Outcome:
+    outcome = Outcome()
+    comm.send(array, peer, tag, outcome)
+    return outcome
+
+
+def recv(comm: Communicator, array: np.ndarray, peer: int, tag: int = 0) -> Outcome:
+    outcome = Outcome()
+    comm.recv(array, peer, tag, outcome)
+    return outcome
+
+
+def test_sends_and_receives_pair_up_in_order(pair) -> None:
+    a, b = pair
+    arrays = [np.arange(n, dtype=np.int64) * (n + 1) for n in (1, 1000, 300_000)]
+    sent = [send(a, x, 1, tag=5) for x in arrays]
+    got = [np.zeros_like(x) for x in arrays]
+    received = [recv(b, g, 0, tag=5) for g in got]
+    assert [o.result() for o in sent + received] == [None] * 6
+    for want, have in zip(arrays, got, strict=True):
+        assert np.array_equal(want, have)
+
+
+def test_a_small_send_ends_before_its_receive_is_posted(pair) -> None:
+    a, b = pair
+    assert send(a, np.arange(10, dtype=np.int16), 1, tag=3).result() is None  # it waits in b's staging
+    got = np.zeros(10, np.int16)
+    assert recv(b, got, 0, tag=3).result() is None
+    assert got.tolist() == list(range(10))
+
+
+def test_more_transfers_out_than_slots_and_both_directions_at_once(pair) -> None:
+    a, b = pair
+    count = 3 * SLOTS
+    got = [np.zeros(16, np.float32) for _ in range(count)]
+    back = np.zeros(4, np.uint8)
+    received = [recv(b, g, 0, tag=i) for i, g in enumerate(got)]  # all posted before any send
+    back_recv = recv(a, back, 1, tag=99)
+    sent = [send(a, np.full(16, i, np.float32), 1, tag=i) for i in range(count)]
+    back_sent = send(b, np.array([1, 2, 3, 4], np.uint8), 0, tag=99)
+    assert all(o.result() is None for o in [*received, *sent, back_recv, back_sent])
+    assert [int(g[0]) for g in got] == list(range(count)) and all((g == g[0]).all() for g in got)
+    assert back.tolist() == [1, 2, 3, 4]
+
+
+def test_an_empty_array_travels(pair) -> None:
+    a, b = pair
+    sent = send(b, np.zeros(0, np.float64), 0)
+    assert recv(a, np.zeros(0, np.float64), 1).result() is None
+    assert sent.result() is None
+
+
+@pytest.mark.parametrize(("size", "tag"), [(8, 2), (9, 1)])  # another tag; another size
+def test_a_mismatch_fails_the_receive_and_the_next_pair_works(pair, size: int, tag: int) -> None:
+    a, b = pair
+    sent = send(a, np.ones(8, np.int32), 1, tag=1)
+    error = recv(b, np.zeros(size, np.int32), 0, tag=tag).result()
+    assert sent.result() is None  # it went: the receiver finds the mistake
+    assert isinstance(error, CollectiveError)
+    assert str(error) == (
+        f"rank 1: receive of {size * 4} bytes with tag {tag} from rank 0 met a send of 32 bytes with tag 1"
+    )
+    out = np.zeros(3, np.int32)
+    sent = send(a, np.array([7, 8, 9], np.int32), 1)
+    assert recv(b, out, 0).result() is None and sent.result() is None
+    assert out.tolist() == [7, 8, 9]
+
+
+def test_a_peer_that_is_not_another_rank_is_refused(pair) -> None:
+    a, _ = pair
+    with pytest.raises(ValueError, match=r"peer must be a rank in \[0, 2\), got 2"):
+        a.send(np.zeros(1), 2, 0, Outcome())
+    with pytest.raises(ValueError, match=r"peer must be another rank than this one \(0\)"):
+        a.recv(np.zeros(1), 0, 0, Outcome())
+    with pytest.raises(ValueError, match="read-only"):
+        a.recv(np.frombuffer(b"12345678"), 1, 0, Outcome())
