@@ -8,7 +8,8 @@ barriers of its own group; each rank takes its median turn, and a row is the slo
 root may return before its bytes have arrived, gloo's does; the receiver's time is what a job waits for).
 Sizes are the whole buffer as nccl-tests count them (all_gather's output, reduce_scatter's input),
 float32. Bus bandwidth as nccl-tests: all_reduce size x 2(n-1)/n, all_gather and reduce_scatter
-size x (n-1)/n, broadcast size, each over the time.
+size x (n-1)/n, broadcast size, each over the time. send_recv is point to point: every rank isends the size
+to the next rank and irecvs the one before's (batch_isend_irecv), bus bandwidth the size over the time.
 
 Then the GPT-2 example trains the same steps under each backend (examples/gpt2, 2 ranks, gloo on the
 same NIC), and the median step time after WARMUP steps is compared.
@@ -41,7 +42,7 @@ from shiftlab.lab import Lab  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 SIZES = [8, 256, 8 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
-CALLS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter"]
+CALLS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "send_recv"]
 ROUNDS = 5  # turns per backend, alternating
 TURN_BYTES = 128 << 20  # calls per turn: about this many bytes ...
 TURN_CALLS = (3, 300)  # ... within these bounds
@@ -53,6 +54,7 @@ BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "broadcast": lambda n: 1.0,
     "all_gather": lambda n: (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
+    "send_recv": lambda n: 1.0,  # every rank sends the size to the next
 }
 
 
@@ -79,7 +81,19 @@ def rank_main(args: argparse.Namespace) -> None:
             return lambda g: dist.broadcast(whole, src=0, group=g)
         if call == "all_gather":
             return lambda g: dist.all_gather_into_tensor(whole, part, group=g)
+        if call == "send_recv":
+            return lambda g: exchange(whole, torch.empty_like(whole), g)
         return lambda g: dist.reduce_scatter_tensor(part, whole, group=g)
+
+    def exchange(mine: object, theirs: object, group: object) -> None:
+        """isend to the next rank, irecv from the one before, both posted before either is waited for."""
+        right, left = (args.rank + 1) % world, (args.rank - 1) % world
+        pair = [
+            dist.P2POp(dist.isend, mine, right, group=group),
+            dist.P2POp(dist.irecv, theirs, left, group=group),
+        ]
+        for work in dist.batch_isend_irecv(pair):
+            work.wait()
 
     for call in args.calls:
         for size in args.sizes:
