@@ -46,7 +46,9 @@ PAYLOAD = CHUNK - HEADER.size
 RECEIVES = 2 * SLOTS + 2  # posted per QP: for the peer's chunks and its hand-backs
 ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
 QP_TIMEOUT = 16  # as the ring's: a loaded machine is not a dead link
-CONNECT_POLL = 0.005  # while a peer has not published its endpoint, the store is looked at this often
+# while a peer has not published its endpoint, the store is looked at after this, doubling up to CHECK_EVERY
+# (a peer that never comes costs a few looks a second)
+CONNECT_POLL = 0.002
 MASK32 = 0xFFFFFFFF
 SUCCESS = e.ibv_wc_status.IBV_WC_SUCCESS
 Done = Callable[[BaseException | None], None]
@@ -141,6 +143,7 @@ class Pairs:
                 order[1].done(self._broken)
 
     def _serve(self) -> None:
+        poll = CONNECT_POLL
         while True:
             try:
                 while True:
@@ -153,7 +156,8 @@ class Pairs:
             waiting = [q for q, peer in self.peers.items() if not peer.connected]
             for q in waiting:
                 self._try_connect(q)
-            wcs = self._completions(CONNECT_POLL if waiting else CHECK_EVERY)
+            poll = min(2 * poll, CHECK_EVERY) if waiting else CONNECT_POLL
+            wcs = self._completions(poll if waiting else CHECK_EVERY)
             for wc in wcs:
                 self._on_completion(wc)
             if not wcs:
