@@ -249,14 +249,14 @@ class ShiftContext:
         if self.links is not None:
             self.links.close()
         self.fast.close()
+        if self.keys is not None:  # before the agent: its lookups in flight end quietly
+            self.keys.close()
         if self.agent is not None:
             self.agent.remove_listener(self._on_nic)
             self.agent.remove_listener(self.peer_loss.on_peer_nic)
             self.agent.remove_path_source(self.paths)
             if self._own_agent:
                 self.agent.close()
-        if self.keys is not None:
-            self.keys.close()
         self.inline.close()
         for ctx in reversed(self.devices.values()):
             ctx.close()

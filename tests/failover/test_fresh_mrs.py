@@ -1,0 +1,58 @@
+"""An application that registers memory per message fails over as one with fixed buffers does.
+
+The receiver registers a fresh MR for every message and deregisters it once the sender's write has landed
+(fresh_mr_peer.py), so the sender writes to ever new rkeys, most of them withdrawn by the time a background
+lookup of their backup key runs. h0's NIC fails midway. Before keys.py bounded and shortened those lookups,
+they queued up 5 s apiece, the switch's own lookup of a live key timed out behind them, and its write went
+to the backup with the default path's rkey (IBV_WC_REM_ACCESS_ERR or RETRY_EXC_ERR), seconds later.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from stream_harness import nic_fault, wait_all_up
+
+from shiftlab.lab import Lab
+from shiftlab.labproc import LabProcess
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
+
+PEER = str(Path(__file__).with_name("fresh_mr_peer.py"))
+COUNT = 3000
+FAIL_AT = 1000  # the receiver's progress line after which h0's NIC fails
+
+
+def test_a_fresh_mr_per_message_survives_fail_nic(lab: Lab) -> None:
+    wait_all_up(lab)
+    receiver = LabProcess(lab, "h1", [sys.executable, PEER, "receiver", str(COUNT)], timeout=60)
+    sender = LabProcess(lab, "h0", [sys.executable, PEER, "sender", str(COUNT)], timeout=60)
+    fault = nic_fault("h0")
+    injected = False
+    try:
+        ends = sender.read("endpoints"), receiver.read("endpoints")
+        sender.send(**ends[1])
+        receiver.send(**ends[0])
+        for peer in (sender, receiver):
+            assert peer.read("connected")["resilient"] is True
+        receiver.send(go=True)
+        sender.send(go=True)
+        while receiver.read("progress")["progress"] < FAIL_AT:
+            pass
+        fault.inject(lab)
+        injected = True
+        started = time.monotonic()
+        received, sent = receiver.read("done"), sender.read("done")
+        took = time.monotonic() - started
+        assert received == {"done": True, "errors": [], "failed": []}, receiver.stderr()
+        assert sent == {"done": True, "errors": [], "failed": []}, sender.stderr()
+        # the rest of the stream, failover included: a switch that waited on lookups took seconds
+        assert took < 30, took
+    finally:
+        for peer in (sender, receiver):
+            peer.end(grace=0)
+        if injected:
+            fault.recover(lab)
