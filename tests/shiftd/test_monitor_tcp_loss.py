@@ -30,6 +30,8 @@ from shiftd.nic import FaultMode
 from shiftlab import netns
 from shiftlab.veth import VethPair
 
+STREAMS = 8  # streams of a second at most, for the segments a figure needs
+
 
 def message(kind: int, body: bytes) -> bytes:
     return NLMSG.pack(NLMSG.size + len(body), kind, 0, 1, 0) + body + b"\0" * (-len(body) % 4)
@@ -90,23 +92,29 @@ def test_sent_since_counts_each_socket_from_its_last_dump_or_from_zero_when_new(
     assert sent_since(last, now) == {"a": (240, 12), "b": (0, 0)}
 
 
-def stream_loss(pair: VethPair, loop: NetnsLoop) -> tuple[float, int]:
-    """One TCP stream from h0 to h1 while the monitor runs in h0's namespace: the share of the data segments
-    h0's address sent that were retransmissions, as the monitor counted them, and how many it counted."""
+def stream_loss(pair: VethPair, loop: NetnsLoop, at_least: int) -> tuple[float, int]:
+    """TCP streams of a second from h0 to h1, while the monitor runs in h0's namespace, until it has counted
+    `at_least` data segments (at most STREAMS of them: a lossy link under a loaded machine's stream sends
+    few): the share of those h0's address sent that were retransmissions, and how many it counted."""
     h0, h1 = pair.hosts
     counted: list[dict[str, tuple[int, int]]] = []
     monitor = TcpLossMonitor(0.05, counted.append)
     task = loop.call(_start(monitor))
+
+    def total(index: int) -> int:
+        return sum(c.get(h0.address, (0, 0))[index] for c in counted)
+
     try:
         while not counted:  # the baseline dump is taken: the stream's socket is new to it
             loop.call(asyncio.sleep(0.05))
-        tcp_rate(h0.netns, h1.netns, h1.address, seconds=1.0, chunk_bytes=64 << 10)
-        loop.call(asyncio.sleep(0.2))  # a last poll after the stream ended
+        for _ in range(STREAMS):
+            tcp_rate(h0.netns, h1.netns, h1.address, seconds=1.0, chunk_bytes=64 << 10)
+            loop.call(asyncio.sleep(0.2))  # a last poll after the stream ended
+            if total(0) >= at_least:
+                break
     finally:
         loop.call(_cancel(task))
-    segments = sum(c.get(h0.address, (0, 0))[0] for c in counted)
-    retransmitted = sum(c.get(h0.address, (0, 0))[1] for c in counted)
-    return retransmitted / segments, segments
+    return total(1) / total(0), total(0)
 
 
 async def _start(monitor: TcpLossMonitor) -> asyncio.Task[None]:
@@ -122,11 +130,11 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 @pytest.mark.lab
 def test_the_monitor_counts_a_lossy_links_retransmissions_and_a_clean_links_none() -> None:
     with VethPair("mtl", "198.18.93") as pair, NetnsLoop(pair.hosts[0].netns) as loop:
-        clean, clean_segments = stream_loss(pair, loop)
+        clean, clean_segments = stream_loss(pair, loop, at_least=1000)
         # on the far end: h0's data is lost on the wire, as a bad cable or optic loses it (dropped on h0's own
         # egress, it would be a local drop, which TCP takes as congestion, not as loss to retransmit)
         netns.run(pair.hosts[1].netns, asyncio.run, _lossy(pair.hosts[1].netdev))
-        lossy, lossy_segments = stream_loss(pair, loop)
+        lossy, lossy_segments = stream_loss(pair, loop, at_least=300)
     print(
         f"\nTCP over a veth, resent: {clean:.4f} of {clean_segments} clean, {lossy:.4f} of {lossy_segments}"
     )
