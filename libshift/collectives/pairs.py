@@ -195,7 +195,8 @@ class Pairs:
             return
         peer = self.peers[q]
         theirs = json.loads(self.store.get(key))
-        peer.target = tuple(theirs["staging"])
+        address, rkey = theirs["staging"]
+        peer.target = (address, rkey)
         attr = QPAttr(qp_access_flags=ACCESS, timeout=QP_TIMEOUT, min_rnr_timer=1)
         peer.qp.connect(Endpoint.from_json(theirs["qp"]), attr)
         for _ in range(RECEIVES):

@@ -211,7 +211,8 @@ class ShiftProcessGroup(dist.ProcessGroup):
         call: str, start: Callable[..., None], tensors: list[torch.Tensor], peer: int, tag: int
     ) -> ShiftWork:
         """A send or recv: started at once, beside the collectives (pairs.py); the transfer ends its Work."""
-        one_each(tensors, [[]], call)
+        if len(tensors) != 1:
+            raise ValueError(f"{call}: the {BACKEND} backend takes one tensor (list) per process")
         work = ShiftWork(call, tensors)
         start(raw(tensors[0], call), peer, tag, work.finish)
         return work
