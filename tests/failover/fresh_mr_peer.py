@@ -17,7 +17,7 @@ import struct
 import time
 
 import numpy as np
-from peer import stream_peer  # bench/stream_peer.py, as peer.py loads it
+from peer import log_for_the_harness, stream_peer  # stream_peer: bench/stream_peer.py, as peer.py loads it
 
 from libshift.shift import ShiftMR
 from libshift.verbs import SGE, WC, QPAttr, QPCap, RecvWR, SendWR
@@ -120,6 +120,7 @@ def main() -> None:
     parser.add_argument("count", type=int)
     parser.add_argument("--device", default="mlx5_0")
     args = parser.parse_args()
+    log_for_the_harness()
     side = Side(args.device)
     side.connect()
     hear()  # {"go"}

@@ -312,6 +312,19 @@ def post_recv(side: Side, lane: Lane, slot: int, mode: str, wr_id: int | None = 
     lane.qp.post_recv(RecvWR(wr_id=slot if wr_id is None else wr_id, sg=sg))
 
 
+def log_for_the_harness() -> None:
+    """Log to stderr, timed to the millisecond. libshift's DEBUG lines are the control plane's (NIC words,
+    re-arm messages, probes): a few per switch, into a file the harness shows when a check fails, so that a
+    rare failure explains itself."""
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s.%(msecs)03d %(threadName)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    logging.getLogger("libshift").setLevel(os.environ.get("SHIFT_TEST_LOG", "DEBUG"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["sender", "receiver"])
@@ -326,15 +339,7 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=0.0, help="seconds a pass with nothing to do pauses")
     parser.add_argument("--patience", type=float, default=1.0, help="the stream may last this many DEADLINEs")
     args = parser.parse_args()
-    logging.basicConfig(
-        level=logging.WARNING,
-        stream=sys.stderr,
-        format="%(asctime)s.%(msecs)03d %(threadName)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    # libshift's DEBUG lines are the control plane's (NIC words, re-arm messages, probes): a few per switch,
-    # into a file the harness shows when a check fails, so that a rare failure explains itself
-    logging.getLogger("libshift").setLevel(os.environ.get("SHIFT_TEST_LOG", "DEBUG"))
+    log_for_the_harness()
     side = Side(args.device, args.qps, args.timeout, args.retry_cnt, args.block, args.idle)
     remote = side.exchange()
     hear()  # go

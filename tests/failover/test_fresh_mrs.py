@@ -23,6 +23,8 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
 PEER = str(Path(__file__).with_name("fresh_mr_peer.py"))
 COUNT = 3000
 FAIL_AT = 1000  # the receiver's progress line after which h0's NIC fails
+READ_WAIT = 90  # beyond a peer's own GIVE_UP (60 s without a completion), so that it reports what it saw
+SHIFTD_TAIL = 6000
 
 
 def test_a_fresh_mr_per_message_survives_fail_nic(lab: Lab) -> None:
@@ -30,7 +32,7 @@ def test_a_fresh_mr_per_message_survives_fail_nic(lab: Lab) -> None:
     receiver = LabProcess(lab, "h1", [sys.executable, PEER, "receiver", str(COUNT)], timeout=60)
     sender = LabProcess(lab, "h0", [sys.executable, PEER, "sender", str(COUNT)], timeout=60)
     fault = nic_fault("h0")
-    injected = False
+    injected = failed = False
     try:
         ends = sender.read("endpoints"), receiver.read("endpoints")
         sender.send(**ends[1])
@@ -43,11 +45,20 @@ def test_a_fresh_mr_per_message_survives_fail_nic(lab: Lab) -> None:
             pass
         fault.inject(lab)
         injected = True
-        received, sent = receiver.read("done"), sender.read("done")
-        assert received == {"done": True, "errors": [], "failed": []}, receiver.stderr()
-        assert sent == {"done": True, "errors": [], "failed": []}, sender.stderr()
+        # the sender first: it ends at an error completion, which would leave the receiver waiting
+        sent, received = sender.read("done", timeout=READ_WAIT), receiver.read("done", timeout=READ_WAIT)
+        assert sent == {"done": True, "errors": [], "failed": []}
+        assert received == {"done": True, "errors": [], "failed": []}
+    except BaseException:
+        failed = True
+        raise
     finally:
         for peer in (sender, receiver):
             peer.end(grace=0)
+        if failed:  # shown by pytest with the failure: both sides' steps, and their shiftds'
+            for peer in (sender, receiver):
+                print(f"--- {peer.host} stderr:\n{peer.stderr()}")
+            for host in ("h0", "h1"):
+                print(f"--- {host} shiftd.log (tail):\n{lab.log_path(host).read_text()[-SHIFTD_TAIL:]}")
         if injected:
             fault.recover(lab)
