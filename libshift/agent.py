@@ -49,6 +49,7 @@ RECONNECT_INITIAL = 0.05
 RECONNECT_MAX = 2.0
 FIRST_REGISTER_WAIT = 10.0  # connect waits this long for a daemon coming back on a held socket
 REPORT_RETRY = 0.1  # a report shiftd did not take is tried again this soon (or after the next register)
+REPORTS_PER_CALL = 256  # a storm of switches: each call carries this many reports at most
 REPORT_FLUSH = 2.0  # close waits this long for the reports still queued
 REPORT_SETTLE = 0.02  # the first report of a burst waits this long: the failover it reports is still
 # finishing (the peer's count, the replay), and the call's serializing would hold the interpreter lock then
@@ -445,19 +446,23 @@ class Agent:
         """Send the queued reports in order, each until shiftd answers; a report that shiftd did not take
         (it is away) waits for the next registration and goes again, under its id."""
         sent = 0.0  # when the last report went
-        while (head := self.reports.head()) is not None:
+        while self.reports.oldest():
             if time.monotonic() - sent > REPORT_SETTLE:
                 self._closed.wait(REPORT_SETTLE)  # cut short by close(): what is queued goes at once
-            seq, report = head
             if not self._registered.wait(REPORT_RETRY):
                 continue
+            batch = self.reports.oldest(REPORTS_PER_CALL)
+            if not batch:
+                continue  # closed meanwhile
+            (seq, report), last = batch[0], batch[-1][0]
             # where every QP runs, with the last report of a burst only: shiftd counts the others' moves from
             # the reports themselves, and asking every context for its QPs' paths once per report cost a
             # storm of 1,000 switches a million QP visits under the contexts' locks
-            paths = self._paths() if self.reports.last(seq) else None
+            paths = self._paths() if self.reports.last(last) else None
             request = agent_pb2.ReportFailoverRequest(
                 agent_id=self._agent_id,
                 report=report,
+                more=[later for _, later in batch[1:]],
                 instance=self.instance,
                 seq=seq,
                 paths=paths,
@@ -471,7 +476,7 @@ class Agent:
                     self._closed.wait(REPORT_RETRY)
                     continue
                 log.warning("shiftd refused a report: %s: %s", exc.code().name, exc.details())
-            self.reports.ack(seq)
+            self.reports.ack(last)
             sent = time.monotonic()
 
     def _deliver(self, event: common_pb2.NicEvent) -> None:

@@ -1,15 +1,17 @@
 """Failover reports waiting for shiftd's acknowledgement: bounded, numbered, oldest first.
 
 A report is made on the data path and must never wait there, nor be lost because shiftd is away (restarting,
-or not started yet): it is queued, numbered, and sent by the agent's reporter thread one at a time, in
-order; only shiftd's answer takes it off the queue, so one that was not acknowledged is sent again (after
-a reconnect, to the new daemon). The number is the report's id on the wire (with the agent's instance), so
-shiftd counts a report sent twice once. A queue at its bound drops its oldest report to take a new one, and
-counts it: shiftd down for long under a storm of switches costs the record the oldest, never the memory.
+or not started yet): it is queued, numbered, and sent by the agent's reporter thread in order, the oldest
+few in one call; only shiftd's answer takes them off the queue, so what was not acknowledged is sent again
+(after a reconnect, to the new daemon). The number is the report's id on the wire (with the agent's
+instance), so shiftd counts a report sent twice once. A queue at its bound drops its oldest report to take
+a new one, and counts it: shiftd down for long under a storm of switches costs the record the oldest, never
+the memory.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from typing import Generic, TypeVar
@@ -40,12 +42,12 @@ class ReportQueue(Generic[T]):
             self._cond.notify_all()
             return seq
 
-    def head(self, timeout: float | None = None) -> tuple[int, T] | None:
-        """The oldest report not yet acknowledged (waiting up to `timeout` s for one), or None (also once
-        closed)."""
+    def oldest(self, limit: int = 1, timeout: float | None = None) -> list[tuple[int, T]]:
+        """The `limit` oldest reports not yet acknowledged, in order (their numbers follow each other: only
+        the oldest are ever dropped), waiting up to `timeout` s for one; none once closed."""
         with self._cond:
             self._cond.wait_for(lambda: self._pending or self._closed, timeout)
-            return self._pending[0] if self._pending and not self._closed else None
+            return [] if self._closed else list(itertools.islice(self._pending, limit))
 
     def last(self, seq: int) -> bool:
         """Whether report `seq` is the newest queued (no other is waiting behind it)."""
@@ -53,11 +55,11 @@ class ReportQueue(Generic[T]):
             return bool(self._pending) and self._pending[-1][0] == seq
 
     def ack(self, seq: int) -> None:
-        """shiftd has report `seq`: off the queue (unless the bound dropped it meanwhile)."""
+        """shiftd has every report up to `seq`: off the queue (those the bound did not drop meanwhile)."""
         with self._cond:
-            if self._pending and self._pending[0][0] == seq:
+            while self._pending and self._pending[0][0] <= seq:
                 self._pending.popleft()
-                self._cond.notify_all()
+            self._cond.notify_all()
 
     def wait_empty(self, timeout: float) -> bool:
         """Until every report is acknowledged, up to `timeout` s; whether they are."""

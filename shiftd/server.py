@@ -157,14 +157,19 @@ class AgentService(_Base, agent_pb2_grpc.AgentServicer):
 
     @unary()
     async def ReportFailover(self, request, context, cred):
+        reports = [request.report, *request.more]
         paths = request.paths if request.HasField("paths") else None
-        new = self.daemon.agents.record_switch(
-            request.agent_id, cred, request.report, request.instance, request.seq, paths
-        )
-        if new:
-            self.daemon.record_failover(request.report)
+        counted = 0
+        for i, report in enumerate(reports):
+            seq = request.seq + i if request.seq else 0
+            last = i == len(reports) - 1  # where the QPs run now: after the request's last switch
+            if self.daemon.agents.record_switch(
+                request.agent_id, cred, report, request.instance, seq, paths if last else None
+            ):
+                self.daemon.record_failover(report)
+                counted += 1
         self.daemon.count_dropped(request.agent_id, cred, request.instance, request.reports_dropped)
-        return agent_pb2.ReportFailoverResponse(duplicate=not new)
+        return agent_pb2.ReportFailoverResponse(duplicate=not counted)
 
 
 class AdminService(_Base, admin_pb2_grpc.AdminServicer):

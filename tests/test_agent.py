@@ -1,13 +1,14 @@
 """libshift.agent against a real shiftd (and a real etcd): events, mappings, reports, restarts."""
 
 import logging
+import os
 import signal
 
 import pytest
 from waiting import wait_until
 
 from libshift.agent import MAPPINGS_PER_CALL, Agent
-from libshift.api.shift.v1 import admin_pb2
+from libshift.api.shift.v1 import admin_pb2, agent_pb2, common_pb2
 from libshift.notices import NicState, SwitchKind, SwitchReport
 from libshift.verbs import Endpoint
 
@@ -60,6 +61,38 @@ def test_events_mappings_and_reports(daemon):
 
         a.withdraw_qp(endpoint(7))
         assert b.lookup_qp("::ffff:127.0.0.1", 7) is None
+
+
+def test_a_request_of_several_reports_counts_each_once(daemon):
+    """ReportFailover's `more`: the reports behind the first, numbered on from its seq; sent again, none
+    counts twice, and one new report behind them counts alone."""
+
+    def report(ms: int) -> common_pb2.FailoverReport:
+        return common_pb2.FailoverReport(
+            kind=common_pb2.FAILOVER_KIND_FAILOVER, device="mlx5_0", backup_device="mlx5_1",
+            default_device="mlx5_0", reason="nic_event", downtime_seconds=ms / 1000, qps=1,
+        )  # fmt: skip
+
+    with daemon.channel() as channel:
+        stub = daemon.agent(channel)
+        registered = stub.Register(agent_pb2.RegisterRequest(pid=os.getpid(), name="storm"), timeout=10)
+        agent_id = registered.agent_id
+
+        def send(seq: int, *ms: int) -> bool:
+            request = agent_pb2.ReportFailoverRequest(
+                agent_id=agent_id, instance="i1", seq=seq, report=report(ms[0]), more=map(report, ms[1:])
+            )
+            return stub.ReportFailover(request, timeout=10).duplicate
+
+        assert send(1, 1, 2, 3) is False
+        assert send(1, 1, 2, 3) is True  # its answer was lost: all three again
+        assert send(2, 2, 3, 4) is False  # only 4 is new
+        admin = daemon.admin(channel)
+        status = admin.Status(admin_pb2.StatusRequest(), timeout=10)
+        events = list(admin.StreamEvents(admin_pb2.StreamEventsRequest(backlog=20), timeout=10))
+    assert status.failovers == 4
+    downtimes = [e.failover.downtime_seconds for e in events if e.WhichOneof("kind") == "failover"]
+    assert downtimes == [0.001, 0.002, 0.003, 0.004]
 
 
 def test_agent_survives_a_daemon_restart_and_republishes(daemon):

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from waiting import wait_until
 
-from libshift.agent import Agent, AgentError
+from libshift.agent import REPORTS_PER_CALL, Agent, AgentError
 from libshift.api.shift.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from libshift.notices import NicState, SwitchKind, SwitchReport
 from libshift.verbs import Endpoint
@@ -27,7 +27,8 @@ class StandIn(agent_pb2_grpc.AgentServicer):
         self.nics = nics
         self.peers = peers  # peer hosts' NICs that are down, as shiftd follows them in etcd
         self.registers: list[agent_pb2.RegisterRequest] = []
-        self.reports: list[agent_pb2.ReportFailoverRequest] = []
+        self.calls: list[agent_pb2.ReportFailoverRequest] = []  # ReportFailover's requests, as they came
+        self.reports: list[agent_pb2.ReportFailoverRequest] = []  # the same, a request per report
         self.published: list[agent_pb2.PublishRequest] = []
         self.lose_answers = 0  # this many report answers are lost (the report itself arrives)
         self._stopped = threading.Event()
@@ -69,11 +70,25 @@ class StandIn(agent_pb2_grpc.AgentServicer):
     def ReportFailover(self, request, context):
         if request.agent_id not in self.issued():  # as shiftd: register first (the agent tries again)
             context.abort(grpc.StatusCode.NOT_FOUND, f"no agent {request.agent_id!r} is registered")
-        self.reports.append(request)
+        self.calls.append(request)
+        self.reports += one_by_one(request)
         if self.lose_answers:
             self.lose_answers -= 1
             context.abort(grpc.StatusCode.UNAVAILABLE, "the answer is lost")
         return agent_pb2.ReportFailoverResponse()
+
+
+def one_by_one(request: agent_pb2.ReportFailoverRequest) -> list[agent_pb2.ReportFailoverRequest]:
+    """A request that carries several reports as the requests of one report each, under their ids."""
+    split = []
+    for i, report in enumerate([request.report, *request.more]):
+        one = agent_pb2.ReportFailoverRequest()
+        one.CopyFrom(request)
+        one.ClearField("more")
+        one.report.CopyFrom(report)
+        one.seq = request.seq + i
+        split.append(one)
+    return split
 
 
 def switch(kind: SwitchKind = SwitchKind.FAILOVER) -> SwitchReport:
@@ -169,8 +184,26 @@ def test_a_report_whose_answer_was_lost_goes_again_under_its_id(path, daemons):
         agent.report(switch())
         agent.report(switch(SwitchKind.FAILBACK))
         assert agent.reports.wait_empty(5)
-    assert [r.seq for r in daemon.reports] == [1, 1, 1, 2]  # shiftd counts each seq once (test_agents.py)
+    # report 1 went three times (with report 2 as soon as it was queued); shiftd counts each seq once
+    # (test_agents.py)
+    assert [call.seq for call in daemon.calls[:3]] == [1, 1, 1]
+    assert sorted({r.seq for r in daemon.reports}) == [1, 2]
     assert agent.reports.dropped == 0
+
+
+def test_a_storm_of_reports_goes_in_a_few_calls_in_order(path, daemons):
+    """1,000 QPs failing over at once make 1,000 reports: REPORTS_PER_CALL a call, not a call each."""
+    first = daemons(mlx5_0=UP)
+    with Agent.connect(str(path)) as agent:
+        first.stop()  # the storm queues up meanwhile, so that the batches are known
+        assert wait_until(lambda: not agent.registered)
+        for _ in range(REPORTS_PER_CALL + 44):
+            agent.report(switch())
+        second = daemons(mlx5_0=UP)
+        assert agent.reports.wait_empty(10)
+    assert [len(call.more) + 1 for call in second.calls] == [REPORTS_PER_CALL, 44]
+    assert [r.seq for r in second.reports] == list(range(1, REPORTS_PER_CALL + 45))
+    assert [call.HasField("paths") for call in second.calls] == [False, True]  # with the last of the burst
 
 
 def test_an_agent_whose_shiftd_does_not_answer_yet_catches_up(path, daemons):

@@ -114,20 +114,22 @@ class LookupMrResponse(_message.Message):
     def __init__(self, mapping: _Optional[_Union[_common_pb2.MrMapping, _Mapping]] = ...) -> None: ...
 
 class ReportFailoverRequest(_message.Message):
-    __slots__ = ("agent_id", "report", "instance", "seq", "paths", "reports_dropped")
+    __slots__ = ("agent_id", "report", "instance", "seq", "paths", "reports_dropped", "more")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
     REPORTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     report: _common_pb2.FailoverReport
     instance: str
     seq: int
     paths: _common_pb2.QpPaths
     reports_dropped: int
-    def __init__(self, agent_id: _Optional[str] = ..., report: _Optional[_Union[_common_pb2.FailoverReport, _Mapping]] = ..., instance: _Optional[str] = ..., seq: _Optional[int] = ..., paths: _Optional[_Union[_common_pb2.QpPaths, _Mapping]] = ..., reports_dropped: _Optional[int] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[_common_pb2.FailoverReport]
+    def __init__(self, agent_id: _Optional[str] = ..., report: _Optional[_Union[_common_pb2.FailoverReport, _Mapping]] = ..., instance: _Optional[str] = ..., seq: _Optional[int] = ..., paths: _Optional[_Union[_common_pb2.QpPaths, _Mapping]] = ..., reports_dropped: _Optional[int] = ..., more: _Optional[_Iterable[_Union[_common_pb2.FailoverReport, _Mapping]]] = ...) -> None: ...
 
 class ReportFailoverResponse(_message.Message):
     __slots__ = ("duplicate",)
