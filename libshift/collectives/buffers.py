@@ -5,7 +5,9 @@ into it by the left neighbour), and the registration is kept, least recently use
 training loops reduce the same buffers again and again and a registration costs a round trip to shiftd
 (the backup key is published). A kept registration holds its array alive, so its address cannot be
 reused by other memory while it is cached; the cache is bounded in bytes. Small arrays are copied: a copy
-costs less than a registration.
+costs less than a registration. In between, an array is copied the first time and registered when the same
+memory (address and size) comes again: the registration then pays for itself over the calls to come,
+and a buffer used once costs no round trip.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from libshift.shift import ShiftMR, ShiftPD
 from libshift.verbs import enums as e
 
 IN_PLACE_MIN = 4 << 20  # arrays at least this large are registered in place
+REUSED_MIN = 256 << 10  # arrays at least this large are registered in place when they come again
+SEEN = 256  # the last arrays copied that may come again (address, size), remembered for that
 CACHE_BYTES = 1 << 30  # registered arrays kept, at most this many bytes
 WORK_MIN = 1 << 20
 ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE  # the left neighbour places chunks
@@ -38,6 +42,7 @@ class Buffers:
         self._work: Region | None = None
         self._kept: OrderedDict[tuple[int, int], Region] = OrderedDict()
         self._kept_bytes = 0
+        self._seen: OrderedDict[tuple[int, int], None] = OrderedDict()  # copied once, not registered
 
     def work(self, nbytes: int) -> Region:
         """The work buffer, at least `nbytes` long (grown by doubling, never shrunk)."""
@@ -50,19 +55,31 @@ class Buffers:
         return self._work
 
     def in_place(self, array: np.ndarray) -> Region | None:
-        """`array` itself, registered, if it is large and writable enough to be worth it; else None."""
-        if array.nbytes < IN_PLACE_MIN or not array.flags.writeable:
+        """`array` itself, registered, if it is writable and large enough, or used often enough, to be
+        worth it; else None (copy it)."""
+        if array.nbytes < REUSED_MIN or not array.flags.writeable:
             return None
         data = array.reshape(-1).view(np.uint8)
         key = (data.ctypes.data, data.nbytes)
         region = self._kept.pop(key, None)
         if region is None:
+            if data.nbytes < IN_PLACE_MIN and not self._again(key):
+                return None
             region = Region(ShiftMR(self.pd, data.nbytes, ACCESS, buffer=data), data)
             self._kept_bytes += data.nbytes
             while self._kept and self._kept_bytes > CACHE_BYTES:
                 self._drop(self._kept.popitem(last=False)[1])
         self._kept[key] = region
         return Region(region.mr, data)
+
+    def _again(self, key: tuple[int, int]) -> bool:
+        """Whether the memory `key` was copied before (and is now forgotten); else it is remembered."""
+        if self._seen.pop(key, False) is None:
+            return True
+        self._seen[key] = None
+        if len(self._seen) > SEEN:
+            self._seen.popitem(last=False)
+        return False
 
     def _drop(self, region: Region) -> None:
         self._kept_bytes -= region.data.nbytes

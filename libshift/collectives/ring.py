@@ -1,11 +1,12 @@
 """The ring transport: a ShiftQP to the right neighbour, one from the left, staging slots, and credits.
 
-Data goes right as RDMA_WRITE_WITH_IMM (the immediate is the chunk's number, as a check). A chunk to be
-combined goes into one of the right neighbour's staging slots (chunk n into slot n mod SLOTS); the receiver
-combines it into the collective's memory, straight from the slot. In a plan of large chunks, a chunk the
-receiver only copies is written straight into its place in the receiver's memory (direct placement): at
-the start of such a collective the receiver announces where that memory is (a small write into its left
-neighbour's mailbox, naming the collective), and the sender writes there once it has the announcement.
+Data goes right as RDMA_WRITE_WITH_IMM (the immediate is the chunk's number, as a check, and whether it
+went to a staging slot). A chunk to be combined goes into one of the right neighbour's staging slots (chunk
+n into slot n mod SLOTS); the receiver combines it into the collective's memory, straight from the slot. In
+a plan of large chunks, a chunk the receiver only copies is written straight into its place in the
+receiver's memory (direct placement): at the start of such a collective the receiver announces where that
+memory is (a small write into its left neighbour's mailbox, naming the collective), and the sender writes
+there once it has the announcement; until then it stages those chunks too, rather than wait.
 The receiver hands chunks back with a zero-byte SEND_WITH_IMM (immediate: chunks freed), batched; a sender
 has at most SLOTS chunks not yet handed back, so no slot is overwritten before it is used and no receive
 queue runs dry. Counts run over the Communicator's whole life: a neighbour already in the next collective
@@ -50,6 +51,8 @@ FAREWELL = 0  # the immediate of a farewell (a credit always frees at least one 
 FAREWELL_PATIENCE = 10.0
 ANNOUNCEMENT = struct.Struct("<QQI")  # where COPY chunks go: address, length, rkey (the immediate: the run)
 MASK32 = 0xFFFFFFFF
+STAGED = 1 << 31  # in a chunk's immediate: it is in a staging slot (else placed directly)
+CHUNK_MASK = STAGED - 1  # in a chunk's immediate: its number
 SIGNALED = e.IBV_SEND_SIGNALED
 
 
@@ -76,8 +79,9 @@ class Ring:
         self.runs = 0  # collectives started
         self.sent = self.credits = self.completed = 0  # chunks written; handed back; acknowledged
         self.arrived = self.consumed = 0  # chunks landed here; applied and handed back
-        self._lengths: deque[int] = deque()  # the sizes of the chunks landed and not yet applied
+        self._landed: deque[tuple[int, bool]] = deque()  # the chunks landed, not yet applied: size, staged
         self.announced: deque[tuple[int, int, int, int]] = deque()  # the right's: run, address, length, rkey
+        self._unclaimed: set[int] = set()  # runs whose announcement is still to come, not to be used
         self.owed = self.crediting = 0  # chunks applied but not yet handed back; credit messages in flight
         self.farewells: set[int] = set()  # the QPs on which the neighbour said it is done
         self._recv = RecvWR()  # every receive is the same zero-byte one (the QP keeps its own copy)
@@ -139,18 +143,16 @@ class Ring:
             moved = False
             while posted < len(sends) and sends[posted].after < applied and self.sent - self.credits < SLOTS:
                 send = sends[posted]
-                if plan.direct and send.apply == Apply.COPY:
-                    if target is None:
-                        if not self.announced:
-                            break
-                        target = self._target(run)
+                if plan.direct and send.apply == Apply.COPY and target is None and self.announced:
+                    target = self._target(run)
+                if plan.direct and send.apply == Apply.COPY and target is not None:
                     self._write_direct(send, region.mr, target, last=posted == len(sends) - 1)
                 else:
                     self._write_staged(send, region.mr, last=posted == len(sends) - 1)
                 posted += 1
                 moved = True
             if applied < len(recvs) and self.arrived > self.consumed:
-                self._apply(recvs[applied], region.data, dtype, op, plan.direct)
+                self._apply(recvs[applied], region.data, dtype, op)
                 applied += 1
                 moved = True
                 if self.arrived > self.consumed and self.owed < SLOTS // 2:
@@ -159,6 +161,15 @@ class Ring:
             if self._poll(block=not moved, deadline=deadline) or moved:
                 deadline = time.monotonic() + self.timeout
         assert self.consumed - first_recv == len(recvs)
+        if target is None and plan.direct and any(send.apply == Apply.COPY for send in sends):
+            self._unclaim(run)
+
+    def _unclaim(self, run: int) -> None:
+        """Every chunk of `run` went staged: its announcement, here already or still to come, goes unused."""
+        if self.announced:
+            self._target(run)  # the oldest one is this run's (checked)
+        else:
+            self._unclaimed.add(run & MASK32)
 
     def _announce(self, run: int, mr: ShiftMR) -> None:
         """Tell the left neighbour where this run's COPY chunks go: `mr`, with the run's number."""
@@ -191,20 +202,20 @@ class Ring:
                 f"rank {self.rank}: bytes {send.offset}..{send.offset + send.nbytes} go beyond the right "
                 f"neighbour's {length}: do all ranks call the same collectives with arrays of the same size?"
             )
-        self._write(send, mr, addr + send.offset, rkey, last)
+        self._write(send, mr, addr + send.offset, rkey, last, staged=False)
 
     def _write_staged(self, send: Send, mr: ShiftMR, last: bool) -> None:
         addr, rkey = self._staging_at
-        self._write(send, mr, addr + self.sent % SLOTS * CHUNK, rkey, last)
+        self._write(send, mr, addr + self.sent % SLOTS * CHUNK, rkey, last, staged=True)
 
-    def _write(self, send: Send, mr: ShiftMR, remote_addr: int, rkey: int, last: bool) -> None:
+    def _write(self, send: Send, mr: ShiftMR, remote_addr: int, rkey: int, last: bool, staged: bool) -> None:
         """Write chunk number `self.sent`; only a run's last write is signaled (completions come in order,
         so its completion says that every write before it is acknowledged too)."""
         wr = SendWR(
             wr_id=self.sent,
             opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM,
             sg=[SGE(mr.buf + send.offset, send.nbytes, mr.lkey)],
-            imm_data=self.sent & MASK32,
+            imm_data=self.sent & CHUNK_MASK | (STAGED if staged else 0),
             remote_addr=remote_addr,
             rkey=rkey,
             send_flags=SIGNALED if last else 0,
@@ -212,16 +223,16 @@ class Ring:
         self.right.post_send(wr)
         self.sent += 1
 
-    def _apply(self, recv: Recv, data: np.ndarray, dtype: np.dtype, op: ops.ReduceOp, direct: bool) -> None:
+    def _apply(self, recv: Recv, data: np.ndarray, dtype: np.dtype, op: ops.ReduceOp) -> None:
         """Use the oldest chunk landed on `data` (a chunk placed directly is already there); the slot is
         owed to the left neighbour from then on."""
-        got = self._lengths.popleft()
+        got, staged = self._landed.popleft()
         if got != recv.nbytes:
             raise CollectiveError(
                 f"rank {self.rank}: a chunk of {got} bytes came from the left neighbour, {recv.nbytes} "
                 "expected: do all ranks call the same collectives with arrays of the same size?"
             )
-        if recv.apply != Apply.COPY or not direct:
+        if staged:
             start = self.consumed % SLOTS * CHUNK
             incoming = self._staged[start : start + recv.nbytes]
             target = data[recv.offset : recv.offset + recv.nbytes]
@@ -280,14 +291,17 @@ class Ring:
             )
         from_left = wc.qp_num == self.left.qp_num
         if wc.opcode == WRITE_ARRIVED and from_left:
-            if wc.imm_data != self.arrived & MASK32:
-                expected = self.arrived & MASK32
-                raise CollectiveError(f"rank {self.rank}: chunk {wc.imm_data} arrived, expected {expected}")
+            if wc.imm_data & CHUNK_MASK != self.arrived & CHUNK_MASK:
+                got, expected = wc.imm_data & CHUNK_MASK, self.arrived & CHUNK_MASK
+                raise CollectiveError(f"rank {self.rank}: chunk {got} arrived, expected {expected}")
             self.arrived += 1
-            self._lengths.append(wc.byte_len)
+            self._landed.append((wc.byte_len, bool(wc.imm_data & STAGED)))
             self._top_up(self.left)
         elif wc.opcode == WRITE_ARRIVED:
-            self.announced.append((wc.imm_data, *ANNOUNCEMENT.unpack_from(self.mailbox.view)))
+            if wc.imm_data in self._unclaimed:
+                self._unclaimed.discard(wc.imm_data)
+            else:
+                self.announced.append((wc.imm_data, *ANNOUNCEMENT.unpack_from(self.mailbox.view)))
             self._top_up(self.right)
         elif wc.opcode == MESSAGE_ARRIVED and (from_left or wc.imm_data == FAREWELL):
             self.farewells.add(wc.qp_num)

@@ -16,6 +16,8 @@ from libshift.collectives import ReduceOp
 from libshift.collectives.communicator import SMALL_ALL_REDUCE
 from libshift.collectives.ops import UFUNCS, finish, ring_order, segment_bounds
 
+LATE = 0.3
+
 
 @dataclass(frozen=True)
 class Case:
@@ -26,6 +28,7 @@ class Case:
     op: str = "SUM"
     root: int = 0
     torch: bool = False  # hand the collective torch tensors (over the same memory) instead of arrays
+    late: int = -1  # this rank comes to the call LATE s after the others (they go on without it meanwhile)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from cases import Case, all_to_all_piece, make_input
+from cases import LATE, Case, all_to_all_piece, make_input
 
 from libshift.collectives import CollectiveError, Communicator, FileStore, ReduceOp
 
@@ -44,6 +44,8 @@ def run_case(comm: Communicator, case: Case, index: int, out: Path) -> None:
     rank, world = comm.rank, comm.world_size
     mine = make_input(case, index, rank)
     results: list[np.ndarray] = []
+    if case.late == rank:
+        time.sleep(LATE)
     if case.collective == "all_reduce":
         comm.all_reduce(handed(case, mine), case.reduce_op)
         results = [mine]
