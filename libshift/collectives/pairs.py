@@ -121,9 +121,11 @@ class Pairs:
         self.channel.notify(self.cq)  # wakes the thread from its wait on the channel
 
     def close(self) -> None:
+        """Stop the thread; a transfer not ended by then ends with an error (nobody waits for it for good)."""
         self._orders.put(None)
         self.channel.notify(self.cq)
         self._thread.join(timeout=self.timeout)
+        self._refuse_orders()  # any that came while the thread was ending
         for peer in self.peers.values():
             for obj in (peer.qp, peer.staging, peer.outbox):
                 obj.close()
@@ -132,14 +134,29 @@ class Pairs:
     # -- the thread ------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        closed = False
         try:
             self._serve()
+            closed = True
+            self._broken = CollectiveError(f"rank {self.rank}: closed before the transfer ended")
         except Exception as exc:  # a fault here must not leave the callers waiting for good
             log.exception("rank %d: point to point stopped", self.rank)
             self._broken = CollectiveError(f"rank {self.rank}: point to point stopped: {exc!r}")
-            for peer in self.peers.values():
-                self._fail_all(peer, self._broken)
-            while (order := self._orders.get()) is not None:
+        for peer in self.peers.values():
+            self._fail_all(peer, self._broken)
+        self._refuse_orders(until_close=not closed)
+
+    def _refuse_orders(self, until_close: bool = False) -> None:
+        """End the orders queued with the error that stopped the thread: those there now, or (until_close)
+        all that come until close() says so."""
+        while True:
+            try:
+                order = self._orders.get() if until_close else self._orders.get_nowait()
+            except queue.Empty:
+                return
+            if order is None:
+                return
+            if self._broken is not None:
                 order[1].done(self._broken)
 
     def _serve(self) -> None:

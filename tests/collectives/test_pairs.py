@@ -1,14 +1,16 @@
 """Point to point (pairs.py) between two Communicators of one process, over loopback tcp devices.
 
 No shiftd: the QPs are plain, so what is checked is the staging itself: order, messages of many chunks,
-sends ahead of their receives and more than the slots hold, empty arrays, and a mistake that fails the
-receive and leaves the pair usable.
+sends ahead of their receives and more than the slots hold, empty arrays, a mistake that fails the
+receive and leaves the pair usable, and a close that ends what still waits.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,26 +37,36 @@ class Outcome:
         return self.error
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Communicator, Communicator]]:
-    store = FileStore(tmp_path_factory.mktemp("store"), timeout=WAIT)
+@contextmanager
+def two_ranks(directory: Path) -> Iterator[tuple[Communicator, Communicator]]:
+    """Ranks 0 and 1 of one process on a loopback device, closed at the end (together: each one's close
+    waits for the other's farewell)."""
+    store = FileStore(directory, timeout=WAIT)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("SHIFT_TCP_DEVICES", "mlx5_0=lo")
-        env.setenv("SHIFT_SOCKET", str(tmp_path_factory.mktemp("none") / "shiftd.sock"))  # no shiftd
+        env.setenv("SHIFT_SOCKET", str(directory / "shiftd.sock"))  # no shiftd
         env.setenv("SHIFT_DEVICE", "mlx5_0")
         made: dict[int, Communicator] = {}
-        threads = [
-            threading.Thread(target=lambda r=r: made.__setitem__(r, Communicator(store, r, 2)))
-            for r in (0, 1)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(WAIT)
+        together(*(lambda r=r: made.__setitem__(r, Communicator(store, r, 2)) for r in (0, 1)))
         assert set(made) == {0, 1}, "the ring did not connect"
-        yield made[0], made[1]
-        for comm in made.values():
-            comm.close()
+        try:
+            yield made[0], made[1]
+        finally:
+            together(*(comm.close for comm in made.values()))
+
+
+def together(*calls: Callable[[], object]) -> None:
+    threads = [threading.Thread(target=call) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Communicator, Communicator]]:
+    with two_ranks(tmp_path_factory.mktemp("pair")) as made:
+        yield made
 
 
 def send(comm: Communicator, array: np.ndarray, peer: int, tag: int = 0) -> Outcome:
@@ -133,3 +145,13 @@ def test_a_peer_that_is_not_another_rank_is_refused(pair) -> None:
         a.recv(np.zeros(1), 0, 0, Outcome())
     with pytest.raises(ValueError, match="read-only"):
         a.recv(np.frombuffer(b"12345678"), 1, 0, Outcome())
+
+
+def test_closing_ends_the_transfers_still_waiting(tmp_path: Path) -> None:
+    with two_ranks(tmp_path) as (a, b):
+        waiting = recv(b, np.zeros(4, np.int32), 0, tag=8)  # no send comes
+        sent = send(b, np.ones(2, np.int32), 0, tag=9)  # the other way: the pair is connected
+        assert recv(a, np.zeros(2, np.int32), 1, tag=9).result() is None and sent.result() is None
+    error = waiting.result()
+    assert isinstance(error, CollectiveError)
+    assert str(error) == "rank 1: closed before the transfer ended"
