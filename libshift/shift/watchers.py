@@ -12,7 +12,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from libshift.shift.detect import EITHER_ASK_EVERY
@@ -21,13 +22,40 @@ from libshift.verbs import CQ, CompChannel, VerbsError
 
 if TYPE_CHECKING:
     from libshift.shift.context import ShiftContext
+    from libshift.shift.qp import ShiftQP
 
 log = logging.getLogger("libshift.shift")
 WATCH_PERIOD = 0.25  # the watcher also polls this often, so nothing waits on a missed wake-up
 SCAN_PERIOD = 0.01  # the backup watcher reads the QPs' control messages at most this often (and at least
 # every WATCH_PERIOD): with a thousand QPs a scan on every wake-up of a failover cost more than the failover
+VISIT_BATCH = 64  # QPs a watcher follows or scans between two looks at its channel: with a thousand QPs,
+# a whole round (tens of ms) between two passes held back the peer's counts that a failover waits for
 SERVE_GRACE = 0.01  # the default path's watcher keeps off its channel this long after an application wait
 HANDOFF = 1e-3  # the longest wait on a channel another thread may take our event from
+
+
+class Round:
+    """The QPs a watcher still has to visit, in order, each queued once (under the context's lock)."""
+
+    def __init__(self) -> None:
+        self._queue: deque[ShiftQP] = deque()
+        self._queued: set[ShiftQP] = set()
+
+    def add(self, qps: Iterable[ShiftQP]) -> None:
+        """Queue the QPs not queued yet, behind the others (a QP queued keeps its place)."""
+        for qp in qps:
+            if qp not in self._queued:
+                self._queued.add(qp)
+                self._queue.append(qp)
+
+    def take(self) -> list[ShiftQP]:
+        """The next VISIT_BATCH QPs, off the queue."""
+        batch = [self._queue.popleft() for _ in range(min(VISIT_BATCH, len(self._queue)))]
+        self._queued.difference_update(batch)
+        return batch
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
 
 
 class Watchers:
@@ -38,7 +66,9 @@ class Watchers:
         self.channels: dict[str, CompChannel] = {}  # per path: the watchers' provider channels
         self._closing = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._scanned = 0.0  # when the backup watcher last read the control messages
+        self._scanned = 0.0  # when the backup watcher last began to read the control messages
+        self._to_follow = Round()  # QPs to follow, after the core made switches
+        self._to_scan = Round()  # QPs whose control messages the backup watcher is still to read
         self._servers: set[int] = set()  # application threads waiting on the default path's channel
         self._served = -WATCH_PERIOD  # when the last of them stopped waiting
         self._waiting: set[str] = set()  # the paths whose watcher waits on its channel now
@@ -131,8 +161,11 @@ class Watchers:
             except VerbsError as exc:  # a refused control verb: say so, keep watching the other QPs
                 log.warning("%s: %s", ctx.name, exc)
             self._waiting.add(path)
-            try:  # a doubt is settled by asking the device again, soon
-                channel.get_cq_event(timeout=EITHER_ASK_EVERY if ctx.doubtful else WATCH_PERIOD)
+            wait = EITHER_ASK_EVERY if ctx.doubtful else WATCH_PERIOD  # a doubt is asked about again soon
+            if self._to_follow or (path != PRIMARY and self._to_scan):
+                wait = 0.0  # only a look at the channel before the next batch
+            try:
+                channel.get_cq_event(timeout=wait)
             except TimeoutError:
                 continue
             finally:
@@ -140,32 +173,37 @@ class Watchers:
 
     def _follow_core(self) -> None:
         """Follow the switches the core made, here, not in the application's poll (a thousand QPs moved at
-        once cost a poll tens of ms); whatever acts on a QP follows it first anyway."""
+        once cost a poll tens of ms), VISIT_BATCH QPs at a time; whatever acts on a QP follows it first
+        anyway."""
         ctx = self.ctx
-        if ctx.fast.take_news():
+        with ctx.lock:
+            if ctx.fast.take_news():
+                self._to_follow.add(ctx.qps.values())
+            batch = self._to_follow.take()
+        for qp in batch:
             with ctx.lock:
-                qps = set(ctx.qps.values())
-            for qp in qps:
-                with ctx.lock:
-                    qp.switcher.follow_core()
+                qp.switcher.follow_core()
 
     def _scan(self) -> None:
         """Act on the control messages (REARM/ARMED: writes, which raise no completion), retry default
-        paths left silently, and settle the error completions in doubt, at most every SCAN_PERIOD."""
+        paths left silently, and settle the error completions in doubt: a round of every QP at most every
+        SCAN_PERIOD, VISIT_BATCH QPs at a time."""
         ctx, now = self.ctx, time.monotonic()
-        if now - self._scanned >= SCAN_PERIOD:
-            self._scanned = now
-            with ctx.lock:
-                qps = set(ctx.qps.values())
+        doubtful: set[ShiftQP] = set()
+        with ctx.lock:
+            if not self._to_scan and now - self._scanned >= SCAN_PERIOD:
+                self._scanned = now
+                self._to_scan.add(ctx.qps.values())
                 doubtful = set(ctx.doubtful)
-            for qp in qps:
-                with ctx.lock:  # one QP at a time
-                    qp.switcher.follow_core()
-                    qp.rearm.read()
-                    qp.rearm.retry_default(now)
-                    qp.switcher.check_fence(now)
-            for qp in doubtful:
-                qp.doubt.settle(now)
+            batch = self._to_scan.take()
+        for qp in batch:
+            with ctx.lock:  # one QP at a time
+                qp.switcher.follow_core()
+                qp.rearm.read()
+                qp.rearm.retry_default(now)
+                qp.switcher.check_fence(now)
+        for qp in doubtful:
+            qp.doubt.settle(now)
 
     def _armable(self, path: str) -> list[CQ]:
         """The provider CQs of `path` that report to its watcher's channel."""
