@@ -205,6 +205,29 @@ def _build(shape: Shape) -> None:
                 _ensure_nic(host, nic, ipr[rail], rail, port)
             nic = Nic(shape.mgmt_netdev(i), nic_mac(MGMT_RAIL_ID, i), shape.mgmt_address(i))
             _ensure_nic(host, nic, mgmt, shape.mgmt_ns, port)
+    for i in range(shape.hosts):  # all at once: each waits for the same run of the kernel's link watcher
+        ns = None if shape.in_initial_ns else shape.host_ns(i)
+        for netdev in [*(shape.nic_netdev(i, r) for r in range(shape.nics)), shape.mgmt_netdev(i)]:
+            wait_operational(ns, netdev)
+
+
+def wait_operational(ns: str | None, netdev: str, timeout: float = 5.0) -> None:
+    """Until the kernel calls `netdev` (in namespace `ns`, or the initial one) operationally UP. A veth's
+    carrier comes on at once, but the kernel's link watcher marks it UP and attaches its qdisc only when it
+    runs, up to a second later: until then the link drops what it is given, and a shiftd that starts
+    meanwhile says the NIC is DOWN, and holds it down for its hold-down after it comes up (a stream that
+    connected then ran on the backup from the start). FabricError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    with IPRoute(netns=ns, flags=0) if ns is not None else IPRoute() as sock:
+        while True:
+            links = sock.get_links(ifname=netdev)
+            state = links[0].get_attr("IFLA_OPERSTATE") if links else None
+            if state == "UP":
+                return
+            if time.monotonic() > deadline:
+                where = f" in {ns}" if ns is not None else ""
+                raise FabricError(f"{netdev}{where}: not UP after {timeout:.0f} s ({state})")
+            time.sleep(0.01)
 
 
 def _write_sysctls(values: dict[str, str]) -> None:

@@ -2,34 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
-import time
 from dataclasses import dataclass
 
-from shiftlab.fabric import FabricError
+from shiftlab.fabric import FabricError, wait_operational
 
 
 def _run(*argv: str) -> None:
     result = subprocess.run(argv, capture_output=True, text=True)
     if result.returncode != 0:
         raise FabricError(f"{' '.join(argv)}: {result.stderr.strip() or 'failed'}")
-
-
-def _wait_operational(host: Host, timeout: float = 5.0) -> None:
-    """Until the kernel calls the end's link UP: a veth's carrier comes on at once, but its qdisc is
-    attached only when the link watcher runs (up to a second later), and until then it drops what it is
-    given. A QP connecting in that window lost its SYN and met its ack deadline before TCP sent it again."""
-    deadline = time.monotonic() + timeout
-    argv = ["ip", "-n", host.netns, "-j", "link", "show", host.netdev]
-    while True:
-        result = subprocess.run(argv, capture_output=True, text=True)
-        state = json.loads(result.stdout)[0].get("operstate") if result.returncode == 0 else None
-        if state == "UP":
-            return
-        if time.monotonic() > deadline:
-            raise FabricError(f"{host.netdev} in {host.netns}: not UP after {timeout:.0f} s ({state})")
-        time.sleep(0.01)
 
 
 @dataclass(frozen=True)
@@ -62,7 +44,7 @@ class VethPair:
                 _run("ip", "-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.netdev)
                 _run("ip", "-n", host.netns, "link", "set", host.netdev, "up")
             for host in self.hosts:
-                _wait_operational(host)
+                wait_operational(host.netns, host.netdev)
         except BaseException:
             self.remove()
             raise

@@ -185,6 +185,22 @@ def test_a_veth_pair_is_operational_before_it_is_handed_over() -> None:
             assert netns.run(host.netns, operstate, host.netdev) == "UP", host
 
 
+def test_every_host_nic_is_operational_when_the_build_returns() -> None:
+    """Asked at once: a shiftd started right after the build must find every NIC UP, not DOWN for the
+    moment before the kernel's link watcher runs (and then held down for its hold-down)."""
+    shape = Shape(f"lbo{os.getpid() % 100000}", hosts=2, nics=2)
+    fabric.build(shape)
+    try:
+        for i in range(shape.hosts):
+            states = {
+                netdev: netns.run(shape.host_ns(i), operstate, netdev)
+                for netdev in [*(shape.nic_netdev(i, r) for r in range(shape.nics)), shape.mgmt_netdev(i)]
+            }
+            assert set(states.values()) == {"UP"}, (i, states)
+    finally:
+        fabric.destroy(shape.name)
+
+
 def operstate(netdev: str) -> str:
     with IPRoute() as ipr:
         (link,) = ipr.get_links(ifname=netdev)
