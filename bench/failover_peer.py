@@ -7,8 +7,9 @@ way, connects `--qps` QPs (one CQ for all), prints {"connected", "connected_s"},
   {"stream": true}        sender: post continuously (SEND, RDMA_WRITE or RDMA_READ of --size bytes,
                           round-robin, at most --window outstanding per QP) until told to stop;
   {"arm": true}           sender: answer {"armed"}, then post one WR beyond the window on every QP each
-                          TICK (while it has SPARE room), so that one is posted within TICK of a fault
-                          however late the {"mark"} comes (the order's own trip takes 1-2 ms);
+                          TICK, the wait doubling with each of them not yet completed (while it has SPARE
+                          room), so that one is posted soon after a fault has taken effect however late
+                          the {"mark"} comes (the order's own trip takes 1-2 ms);
   {"mark": t0, "after": t}  sender: post one more WR on every QP at once, and answer {"resumed"} once every
                           QP has completed a WR posted at or after t (CLOCK_MONOTONIC ns; t0 when not given),
                           the moment the fault had taken effect: such a WR can only complete on the backup
@@ -56,8 +57,8 @@ PING_WR = 1 << 48  # wr_id of pings and their answers, apart from the stream's s
 BATCH = 64
 IDLE_WAIT = 0.01  # the longest block on the channel, so that orders are noticed
 ANSWER_WITHIN = 30.0  # an order not met by then is answered anyway, saying so
-SPARE = 4  # room beyond the window on every QP (and receives beyond it): {"mark"}'s and {"arm"}'s WRs
-TICK_NS = 50_000  # while armed, a WR beyond the window this often
+SPARE = 12  # room beyond the window on every QP (and receives beyond it): {"mark"}'s and {"arm"}'s WRs
+TICK_NS = 50_000  # while armed, a WR beyond the window this often, doubled for each one outstanding
 
 
 @dataclass
@@ -213,17 +214,17 @@ class Sender:
                     self.post(lane)
 
     def tick(self) -> bool:
-        """Armed: one WR beyond the window on every QP, each TICK_NS, while fewer than SPARE - 1 of them are
-        outstanding (on a healthy path each completes within a round trip, so at a fault a few are, and
-        the next goes within TICK_NS of it; the last spare is {"mark"}'s). Whether any went."""
+        """Armed: one WR beyond the window on every QP, TICK_NS after the last, the wait doubled for each
+        of them still outstanding (up to 32 times), while fewer than SPARE - 1 are (the last spare is
+        {"mark"}'s). On a healthy path each completes within a round trip; at a fault they pile up, and
+        the doubling spreads the spares over ~10 ms, so that one goes soon after the fault has taken
+        effect (t0's request acked, 0.1-0.3 ms after t0) however late the mark comes. Whether any went."""
         now = time.monotonic_ns()
         while self.ticks and self.ticks[0][0].done > self.ticks[0][1]:
             self.ticks.popleft()
-        if (
-            self.ticked is None
-            or now - self.ticked < TICK_NS
-            or len(self.ticks) >= (SPARE - 1) * len(self.stack.lanes)
-        ):
+        outstanding = len(self.ticks) // len(self.stack.lanes)
+        wait = TICK_NS << min(outstanding, 5)
+        if self.ticked is None or now - self.ticked < wait or outstanding >= SPARE - 1:
             return False
         self.ticked = now
         for lane in self.stack.lanes:
