@@ -59,6 +59,7 @@ IDLE_WAIT = 0.01  # the longest block on the channel, so that orders are noticed
 ANSWER_WITHIN = 30.0  # an order not met by then is answered anyway, saying so
 SPARE = 12  # room beyond the window on every QP (and receives beyond it): {"mark"}'s and {"arm"}'s WRs
 TICK_NS = 50_000  # while armed, a WR beyond the window this often, doubled for each one outstanding
+TICK_DOUBLINGS = 5  # at most: the longest wait between two of them is TICK_NS << 5, 1.6 ms
 
 
 @dataclass
@@ -215,15 +216,15 @@ class Sender:
 
     def tick(self) -> bool:
         """Armed: one WR beyond the window on every QP, TICK_NS after the last, the wait doubled for each
-        of them still outstanding (up to 32 times), while fewer than SPARE - 1 are (the last spare is
-        {"mark"}'s). On a healthy path each completes within a round trip; at a fault they pile up, and
-        the doubling spreads the spares over ~10 ms, so that one goes soon after the fault has taken
+        of them still outstanding (up to TICK_DOUBLINGS times), while fewer than SPARE - 1 are (the last
+        spare is {"mark"}'s). On a healthy path each completes within a round trip; at a fault they pile
+        up, and the doubling spreads the spares over ~10 ms, so that one goes soon after the fault has taken
         effect (t0's request acked, 0.1-0.3 ms after t0) however late the mark comes. Whether any went."""
         now = time.monotonic_ns()
         while self.ticks and self.ticks[0][0].done > self.ticks[0][1]:
             self.ticks.popleft()
         outstanding = len(self.ticks) // len(self.stack.lanes)
-        wait = TICK_NS << min(outstanding, 5)
+        wait = TICK_NS << min(outstanding, TICK_DOUBLINGS)
         if self.ticked is None or now - self.ticked < wait or outstanding >= SPARE - 1:
             return False
         self.ticked = now
