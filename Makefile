@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP) system-deps
 
 # the C core is compiled by the package build: a change to its sources installs (and so builds) again
-CORE_SOURCES := setup.py $(wildcard libshift/core/*.c libshift/core/*.h libshift/core/*.pyx libshift/core/*.pxd)
+CORE_SOURCES := setup.py $(wildcard libshift/core/*.c libshift/core/*.h libshift/core/*.pyx libshift/core/*.pxd libshift/core/*.pxi)
 
 # the system's packages first: pip compiles the core with gcc against rdma-core's verbs.h
 $(STAMP): pyproject.toml $(CORE_SOURCES)

@@ -323,15 +323,16 @@ cdef class FastQP:
         self.path_qps.append(qp)
 
     def set_rkey(self, int path, uint32_t rkey, uint32_t path_rkey):
-        """The peer's default rkey `rkey` is `path_rkey` on backup `path`."""
+        """The peer's default rkey `rkey` is `path_rkey` on backup `path`; False once closed."""
         cdef int failed
         if self.ptr is NULL:
-            return
+            return False
         f.sf_ctx_lock(self.ctx.ptr)
         failed = f.sf_qp_set_rkey(self.ptr, path, rkey, path_rkey)
         f.sf_ctx_unlock(self.ctx.ptr)
         if failed:
             raise MemoryError()
+        return True
 
     def set_armed(self, int path, bint armed):
         """Whether `path` is armed: where a switch made in the core may go."""

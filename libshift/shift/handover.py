@@ -63,10 +63,6 @@ def give(qp: ShiftQP) -> None:
     if any(e.slot is not None or (e.wc is None and (not e.posted or e.path != current)) for e in entries):
         return  # an inline copy in the Python pool, or a WR outstanding elsewhere: not steady yet
     path = depth(current)
-    if qp.ctx.keys is not None and qp.remote is not None:  # for a post there, or a switch made in the core
-        for n in map(depth, qp.ctx.backups):
-            for rkey, backup in qp.ctx.keys.known(qp.remote.gid, n).items():
-                qp.fast.set_rkey(n, rkey, backup)
     fields = [_fields(qp, e) for e in entries]
     if not qp.fast.import_ledger(path, ledger.next_id, ledger.sent_two_sided, ledger.received, fields):
         return
@@ -82,7 +78,7 @@ def posted(qp: ShiftQP, got: int, wr: SendWR | RecvWR, send: bool) -> None:
         return
     if got == FAST_NEW_RKEY:  # fetch the peer's backup keys now, so that a switch (the core's too) finds them
         if isinstance(wr, SendWR) and qp.ctx.keys is not None and qp.remote is not None:
-            qp.ctx.keys.prefetch(qp.remote.gid, wr.rkey, partial(_chain_found, qp.fast, wr.rkey))
+            qp.ctx.keys.prefetch(qp.remote.gid, wr.rkey)
         return
     if got == FAST_QUEUE_FULL:
         which = "send" if send else "receive"
@@ -90,11 +86,18 @@ def posted(qp: ShiftQP, got: int, wr: SendWR | RecvWR, send: bool) -> None:
     raise qp.primary.impl.refused(qp.fast.refusal, wr, send)
 
 
-def _chain_found(fast: Any, rkey: int, chain: list[int]) -> None:
+def follow_keys(qp: ShiftQP) -> None:
+    """The peer's backup rkeys into the QP's maps in the core as they are found, those kept already
+    first: for a post on a backup path, or a switch made in the core."""
+    if qp.ctx.keys is not None and qp.remote is not None:
+        qp.ctx.keys.follow(qp.remote.gid, partial(_chain_found, qp.fast))
+
+
+def _chain_found(fast: Any, rkey: int, chain: list[int]) -> bool:
     """The peer's rkeys on its backups for its default `rkey`, into the QP's maps in the core (on the
-    lookup's thread: each call holds the interpreter lock, which serializes the fast path)."""
-    for path, backup in enumerate(chain, 1):
-        fast.set_rkey(path, rkey, backup)
+    finding thread: each call holds the interpreter lock, which serializes the fast path); False once the
+    QP is closed."""
+    return all(fast.set_rkey(path, rkey, backup) for path, backup in enumerate(chain, 1))
 
 
 def _entry(qp: ShiftQP, fields: tuple) -> Entry:

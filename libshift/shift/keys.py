@@ -3,7 +3,10 @@
 The peer publishes each backup key as the backup of the key before it: its backup's rkey under its default
 rkey, its backup's backup's under its backup's. A lookup is a gRPC call that may wait for etcd, so the whole
 chain is looked up in the background the first time a WR names an rkey, and a switch only collects it. The
-peer publishes the deepest link first, so once the first link is there the rest (if any) are too.
+peer publishes the deepest link first, so once the first link is there the rest (if any) are too. Each QP
+follows its peer's chains (`follow`): it is told each one once, as it is found, so that its maps in the core
+have every key known without being handed them all again at every hand-over (per-message MRs made that
+O(keys kept) per post, 4096 of them: seconds per thousand messages on a backup path).
 
 An application may register memory per message, so rkeys come and go: a background lookup waits only
 PREFETCH_WAIT for a key (the peer publishes before it hands the rkey out, so a key not there by then is
@@ -31,6 +34,7 @@ PENDING_MAX = 64  # background lookups in flight at most
 KEPT = 4096  # chains kept at most
 
 Key = tuple[str, int]  # the peer's default gid and rkey
+Found = Callable[[int, list[int]], bool]  # (rkey, its chain) -> whether to go on being told (False: closed)
 
 
 class RemoteKeys:
@@ -45,29 +49,37 @@ class RemoteKeys:
         self._chains: OrderedDict[Key, Future[list[int] | None]] = OrderedDict()
         self._pending = 0
         self._closed = False  # lookups cut short by close() say nothing
+        self._followers: dict[str, list[Found]] = {}  # by the peer's default gid
 
-    def prefetch(self, gid: str, rkey: int, found: Callable[[list[int]], None] | None = None) -> None:
-        """Look the chain of (gid, rkey) up in the background, once; `found(chain)` is called with it when
-        it is in (at once when it is already, else on the lookup's thread). Skipped while PENDING_MAX
-        lookups are in flight."""
+    def follow(self, gid: str, found: Found) -> None:
+        """Call `found(rkey, chain)` for every chain of the peer `gid` kept now, then for each one found
+        later (on the thread that found it), until it returns False."""
         with self._lock:
-            chain = self._chains.get((gid, rkey))
-            if chain is not None:
+            self._followers.setdefault(gid, []).append(found)  # first: a chain found meanwhile is told too
+            kept = [(rkey, _result(chain)) for (peer, rkey), chain in self._chains.items() if peer == gid]
+        for rkey, links in kept:
+            if links and not found(rkey, links):
+                self._unfollow(gid, [found])
+                return
+
+    def prefetch(self, gid: str, rkey: int) -> None:
+        """Look the chain of (gid, rkey) up in the background, once (its followers are told when it is
+        in). Skipped while PENDING_MAX lookups are in flight."""
+        with self._lock:
+            if (gid, rkey) in self._chains:
                 self._chains.move_to_end((gid, rkey))
             elif self._pending < PENDING_MAX:
                 self._pending += 1
                 chain = self._chains[(gid, rkey)] = self._pool.submit(self._chain, gid, rkey, PREFETCH_WAIT)
-                chain.add_done_callback(self._ended)
+                chain.add_done_callback(lambda done: self._ended(gid, rkey, done))
                 self._forget_oldest()
-        if chain is not None and found is not None:
-            chain.add_done_callback(lambda done: _tell(done, found))
 
     def backup(self, gid: str, rkey: int, depth: int = 1) -> int | None:
         """The rkey of the peer MR (gid, rkey) on its `depth`-th backup (1: the backup, 2: the backup's
         backup); None when it has none (the WR will fail remotely). Waits for it up to LOOKUP_WAIT."""
         with self._lock:
             chain = self._chains.get((gid, rkey))
-        links = _result(chain) if chain is not None and chain.done() else None
+        links = _result(chain) if chain is not None else None
         if links is None:  # not looked up, not yet, or missed in the background: now, on this thread
             links = self._chain(gid, rkey, LOOKUP_WAIT) or []
             done: Future[list[int] | None] = Future()
@@ -76,23 +88,26 @@ class RemoteKeys:
                 self._chains[(gid, rkey)] = done
                 self._chains.move_to_end((gid, rkey))
                 self._forget_oldest()
+            self._tell(gid, rkey, links)
         return links[depth - 1] if depth <= len(links) else None
 
-    def known(self, gid: str, depth: int) -> dict[int, int]:
-        """The peer's default rkey -> its rkey on its `depth`-th backup, for every MR of the peer `gid`
-        whose chain has been looked up by now (none is waited for)."""
-        with self._lock:
-            chains = list(self._chains.items())
-        found = {}
-        for (peer, rkey), chain in chains:
-            links = _result(chain) if peer == gid and chain.done() else None
-            if links and depth <= len(links):
-                found[rkey] = links[depth - 1]
-        return found
-
-    def _ended(self, _: Future[list[int] | None]) -> None:
+    def _ended(self, gid: str, rkey: int, chain: Future[list[int] | None]) -> None:
         with self._lock:
             self._pending -= 1
+        self._tell(gid, rkey, _result(chain))
+
+    def _tell(self, gid: str, rkey: int, links: list[int] | None) -> None:
+        """A chain found: to the peer's followers (outside the lock: they take the core's mutex)."""
+        if not links:
+            return
+        with self._lock:
+            followers = list(self._followers.get(gid, ()))
+        self._unfollow(gid, [found for found in followers if not found(rkey, links)])
+
+    def _unfollow(self, gid: str, gone: list[Found]) -> None:
+        if gone:
+            with self._lock:
+                self._followers[gid] = [found for found in self._followers.get(gid, ()) if found not in gone]
 
     def _forget_oldest(self) -> None:
         """Under the lock: the least recently used chains beyond KEPT go (a pending one stays)."""
@@ -128,13 +143,7 @@ class RemoteKeys:
 
 
 def _result(chain: Future[list[int] | None]) -> list[int] | None:
-    """A finished lookup's chain; None if it is not known (missed, cancelled or failed)."""
-    if chain.cancelled() or chain.exception() is not None:
+    """A lookup's chain; None if it is not known (not done, missed, cancelled or failed)."""
+    if not chain.done() or chain.cancelled() or chain.exception() is not None:
         return None
     return chain.result()
-
-
-def _tell(chain: Future[list[int] | None], found: Callable[[list[int]], None]) -> None:
-    links = _result(chain)
-    if links is not None:
-        found(links)

@@ -233,6 +233,7 @@ class ShiftQP:
         for path, (addr, rkey) in self.targets.items():
             self.fast.set_target(depth(path), addr, rkey)
         self.peers = {PRIMARY: self.remote, **peers}
+        handover.follow_keys(self)
         for path in peers:
             self.arm(path)
         self.states.step(Transition.CONNECT)

@@ -13,6 +13,7 @@ sender writes to is new, and withdrawn soon after: what a switch must cope with 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import struct
 import time
 
@@ -31,6 +32,7 @@ ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
 PROGRESS = 100
 RECEIVES = 8
 GIVE_UP = 60.0  # a completion that does not come within this long ends the run
+STACKS_EVERY = 60.0  # a run still going this long after "go" writes every thread's stack to stderr
 
 
 def pattern(i: int) -> np.ndarray:
@@ -124,6 +126,9 @@ def main() -> None:
     side = Side(args.device)
     side.connect()
     hear()  # {"go"}
+    # a call that never returns would leave GIVE_UP unchecked: the stacks say which call, and the
+    # failure message shows them (faulthandler's own thread writes them, with no interpreter lock)
+    faulthandler.dump_traceback_later(STACKS_EVERY, repeat=True)
     errors = receiver(side, args.count) if args.role == "receiver" else []
     if args.role == "sender":
         sender(side, args.count)

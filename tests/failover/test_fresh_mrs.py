@@ -27,10 +27,11 @@ READ_WAIT = 90  # beyond a peer's own GIVE_UP (60 s without a completion), so th
 SHIFTD_TAIL = 6000
 
 
-def test_a_fresh_mr_per_message_survives_fail_nic(lab: Lab) -> None:
+def test_a_fresh_mr_per_message_survives_fail_nic(lab: Lab, tmp_path: Path) -> None:
     wait_all_up(lab)
-    receiver = LabProcess(lab, "h1", [sys.executable, PEER, "receiver", str(COUNT)], timeout=60)
-    sender = LabProcess(lab, "h0", [sys.executable, PEER, "sender", str(COUNT)], timeout=60)
+    logs = {host: tmp_path / f"{host}.stderr" for host in ("h0", "h1")}  # whole: a hung peer's stacks
+    receiver = LabProcess(lab, "h1", [sys.executable, PEER, "receiver", str(COUNT)], stderr_file=logs["h1"])
+    sender = LabProcess(lab, "h0", [sys.executable, PEER, "sender", str(COUNT)], stderr_file=logs["h0"])
     fault = nic_fault("h0")
     injected = failed = False
     try:
@@ -56,8 +57,8 @@ def test_a_fresh_mr_per_message_survives_fail_nic(lab: Lab) -> None:
         for peer in (sender, receiver):
             peer.end(grace=0)
         if failed:  # shown by pytest with the failure: both sides' steps, and their shiftds'
-            for peer in (sender, receiver):
-                print(f"--- {peer.host} stderr:\n{peer.stderr()}")
+            for host, log in logs.items():
+                print(f"--- {host} stderr:\n{log.read_text()}")
             for host in ("h0", "h1"):
                 print(f"--- {host} shiftd.log (tail):\n{lab.log_path(host).read_text()[-SHIFTD_TAIL:]}")
         if injected:
