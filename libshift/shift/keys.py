@@ -24,6 +24,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import islice
 
 from libshift.agent import Agent, AgentError
 
@@ -111,7 +112,8 @@ class RemoteKeys:
 
     def _forget_oldest(self) -> None:
         """Under the lock: the least recently used chains beyond KEPT go (a pending one stays)."""
-        for key in list(self._chains)[: max(0, len(self._chains) - KEPT)]:
+        excess = len(self._chains) - KEPT
+        for key in list(islice(self._chains, max(0, excess))):  # not a copy of all KEPT keys per post
             if self._chains[key].done():
                 del self._chains[key]
 

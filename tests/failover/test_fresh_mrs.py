@@ -18,12 +18,15 @@ from stream_harness import nic_fault, wait_all_up
 from shiftlab.lab import Lab
 from shiftlab.labproc import LabProcess
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(360)]
 
 PEER = str(Path(__file__).with_name("fresh_mr_peer.py"))
 COUNT = 3000
 FAIL_AT = 1000  # the receiver's progress line after which h0's NIC fails
-READ_WAIT = 90  # beyond a peer's own GIVE_UP (60 s without a completion), so that it reports what it saw
+# beyond a peer's own GIVE_UP (60 s without a completion), so that it reports what it saw; and beyond the
+# 2000 messages after the fault in CI's slowest hours (a gRPC lookup, publication and withdrawal each: 16 s
+# here alone, 24 s beside two busy loops): speed is the benchmarks' business, a hang this test's
+READ_WAIT = 150
 SHIFTD_TAIL = 6000
 
 
