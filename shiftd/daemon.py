@@ -40,7 +40,7 @@ from shiftd.ratelimit import RateLimiter
 from shiftd.registry import EtcdSecurity, Registry
 from shiftd.sdnotify import Notifier
 from shiftd.server import start_grpc
-from shiftd.tasks import cancel_and_wait
+from shiftd.tasks import cancel_and_wait, supervised
 
 log = logging.getLogger("shiftd")
 SETTLE_SECONDS = 2.0
@@ -281,7 +281,8 @@ class Daemon:
 
     async def _start_monitors(self) -> None:
         for name, monitor in self._monitors.items():
-            self._tasks.append(asyncio.create_task(monitor.run(), name=name))
+            task = supervised(f"monitor {name}", monitor.run)
+            self._tasks.append(asyncio.create_task(task, name=name))
 
     async def _await_first_states(self, timeout: float) -> None:
         """Give the monitors' first dump a moment, so the first answers already know the links."""

@@ -115,11 +115,22 @@ def nic_states(bed: Bed, device: str, since: float) -> list[str]:
 
 
 def wait_ports(bed: Bed, devices: Sequence[str], state: str) -> None:
-    """Until shiftd says each of `devices` has its rxe port in `state` (DOWN, ACTIVE): read from sysfs."""
+    """Until shiftd says each of `devices` has its rxe port in `state` (DOWN, ACTIVE), read from sysfs, and
+    the NIC in the state that follows (DOWN, or UP once its hold-down is over): a recovery is over only
+    then, else its UP lands in the next test's events."""
     deadline = time.monotonic() + 10 * PATIENCE
-    while (seen := {d: nics(bed)[d].port_state for d in devices}) != dict.fromkeys(devices, state):
-        assert time.monotonic() < deadline, f"shiftd's port states: {seen}, not {state}"
+    nic_state = "NIC_STATE_UP" if state == "ACTIVE" else "NIC_STATE_DOWN"
+    wanted = dict.fromkeys(devices, (state, nic_state))
+    while (seen := {d: port_and_state(nics(bed)[d]) for d in devices}) != wanted:
+        if time.monotonic() > deadline:  # which side is behind: the kernel's ports, or shiftd's view of them
+            kernel = {d: (SYSFS_IB / d / "ports" / "1" / "state").read_text().strip() for d in devices}
+            tail = bed.log()[-4000:]
+            pytest.fail(f"shiftd's ports and NICs: {seen}, not {wanted}; sysfs: {kernel}\n{tail}")
         time.sleep(0.2)
+
+
+def port_and_state(nic: common_pb2.Nic) -> tuple[str, str]:
+    return nic.port_state, common_pb2.NicState.Name(nic.state)
 
 
 def link(device: str) -> Fault:

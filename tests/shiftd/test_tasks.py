@@ -1,4 +1,5 @@
-"""cancel_and_wait (shiftd/tasks.py): shiftd's stop ends its tasks even when one survives a cancel."""
+"""shiftd/tasks.py: shiftd's stop ends its tasks even when one survives a cancel (cancel_and_wait), and a
+watch that fails is logged and run again (supervised)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 
 import pytest
 
-from shiftd.tasks import cancel_and_wait
+from shiftd.tasks import cancel_and_wait, supervised
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -72,3 +73,37 @@ def test_the_callers_own_cancel_still_reaches_it() -> None:
         await cancel_and_wait([task])
 
     asyncio.run(main())
+
+
+def test_a_supervised_watch_that_fails_is_logged_and_run_again(caplog: pytest.LogCaptureFixture) -> None:
+    runs: list[int] = []
+
+    async def watch() -> None:
+        runs.append(len(runs))
+        if len(runs) <= 2:
+            raise OSError("a sysfs file it did not expect")
+        await asyncio.sleep(60)
+
+    async def main() -> None:
+        task = asyncio.create_task(supervised("monitor rdma_sysfs", watch, pause=0.01))
+        while len(runs) < 3:
+            await asyncio.sleep(0.01)
+        await cancel_and_wait([task])
+        assert task.cancelled()  # its own cancel still ends it
+
+    with caplog.at_level(logging.ERROR, logger="shiftd.tasks"):
+        asyncio.run(main())
+    assert runs == [0, 1, 2]
+    failed = "monitor rdma_sysfs failed; running it again in 0.01s"
+    assert [r.getMessage() for r in caplog.records] == [failed] * 2
+    assert all(r.exc_info for r in caplog.records)
+
+
+def test_a_supervised_watch_that_returns_is_not_run_again() -> None:
+    runs: list[int] = []
+
+    async def off() -> None:  # udev's, with no monitor to open
+        runs.append(1)
+
+    asyncio.run(supervised("monitor udev", off, pause=0.01))
+    assert runs == [1]

@@ -4,7 +4,9 @@ The device is opened twice: by pyverbs for its attributes (the ports, the limits
 backend (libshift.core._verbs) for every object the data path uses. The port is the first ACTIVE one
 (ConnectX functions have one port each). The GID index is chosen from the sysfs GID table (gid.py) at open
 and again whenever an async event says addresses may have moved (GID_CHANGE, PORT_ACTIVE, LID_CHANGE): new
-QPs then use the current index. Async events are read by one thread per context, which waits on the
+QPs then use the current index. That second read waits for the next use of the addressing, not the event:
+rxe's table has 1024 entries, slow to read under emulation, and a reader that only wants the event (shiftd)
+must hear it at once. Async events are read by one thread per context, which waits on the
 backend's async event file with poll() and hands each event, with its meaning, to the listeners: the
 resilience layer subscribes with add_event_listener.
 
@@ -49,6 +51,7 @@ class VerbsContext(ProviderContext):
         self._objects: dict[int, tuple[Any, tuple[Any, ...]]] = {}  # id -> (object, what it was made on)
         self._listeners = Listeners()
         self._lock = threading.Lock()
+        self._stale = False  # an event said the addressing may have moved: read it again at its next use
         with mapped(f"{device.name}: open_device"):
             self.context = load().device.Context(name=device.name)
         try:
@@ -88,26 +91,31 @@ class VerbsContext(ProviderContext):
             raise VerbsError(f"{self.device.name} port {num}: {exc}") from None
         return Port(num, link_layer, attr.lid, attr.active_mtu, entry.index), entry.gid
 
-    def readdress(self) -> None:
-        """Choose the GID index (and read the LID) again: after a flap or a GID change they may differ."""
-        name, before = self.device.name, self.port()
+    def _addressing(self) -> tuple[Port, str]:
+        """The port and the GID its QPs use, chosen again first if an event said they may have moved (after
+        a flap or a GID change the index or the LID may differ)."""
+        with self._lock:
+            stale, before, gid = self._stale, self._port, self._gid
+            self._stale = False  # an event during the read below makes the next use read again
+        if not stale:
+            return before, gid
+        name = self.device.name
         try:
             port, gid = self._address(before.num)
         except VerbsError as exc:
             log.warning("%s: addressing not re-read (%s); GID index stays %d", name, exc, before.gid_index)
-            return
+            return before, gid
         with self._lock:
             if port.gid_index != before.gid_index:
                 log.info("%s: GID index %d -> %d (%s)", name, before.gid_index, port.gid_index, gid)
             self._port, self._gid = port, gid
+        return port, gid
 
     def port(self) -> Port:
-        with self._lock:
-            return self._port
+        return self._addressing()[0]
 
     def gid(self) -> str:
-        with self._lock:
-            return self._gid
+        return self._addressing()[1]
 
     def query_device(self) -> DeviceAttr:
         with mapped(f"{self.device.name}: query_device"):
@@ -115,7 +123,7 @@ class VerbsContext(ProviderContext):
         return DeviceAttr(max_cqe=attr.max_cqe, max_sge=attr.max_sge, max_qp_wr=attr.max_qp_wr)
 
     def query_port(self) -> PortAttr:
-        num = self.port().num
+        num = self._port.num  # fixed at open
         with mapped(f"{self.device.name}: query_port {num}"):
             return PortAttr(ibv_port_state(self.context.query_port(num).state))
 
@@ -140,10 +148,11 @@ class VerbsContext(ProviderContext):
     def dispatch(self, event_type: int, cq_cookie: int = 0) -> AsyncEvent:
         """Act on an event (choose the GID again when addresses may have moved) and surface it."""
         if meaning_of(event_type).readdress:
-            self.readdress()
+            with self._lock:
+                self._stale = True
         if event_type == EventType.CQ_ERR:
             self._overrun(cq_cookie)
-        event = describe(self.device.name, event_type, self.port().num, self._failed_qps)
+        event = describe(self.device.name, event_type, self._port.num, self._failed_qps)
         log.info("%s: async event %s", self.device.name, event.name)
         self._listeners.emit(event)
         return event
