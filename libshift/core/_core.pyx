@@ -402,5 +402,18 @@ def pack_header(int op, uint32_t seq, uint32_t length=0, *, uint16_t flags=0, ui
 
 
 cdef const f.sc_dp *DATAPATH = &f.sc_dp_tcp
+
+
+cdef void hook_control(CQ cq, f.sf_ctx *ctx):
+    """The progress thread takes the control messages of a backup path the moment they come."""
+    if not cq.closed and not cq.ctx.closed:
+        c.sc_cq_set_filled(cq.ptr, f.sf_ctx_controls_act, ctx)
+
+
+cdef void unhook_control(CQ cq):
+    if not cq.closed and not cq.ctx.closed:
+        with nogil:
+            c.sc_cq_set_filled(cq.ptr, NULL, NULL)
+
 include "fastpath.pxi"
 include "linkwatch.pxi"

@@ -422,4 +422,14 @@ cdef class QP:
 
 
 cdef const f.sc_dp *DATAPATH = &f.sc_dp_verbs
+
+
+# a device fills its CQs with no thread of ours: its control messages wait for a poll or the watcher
+cdef void hook_control(CQ cq, f.sf_ctx *ctx):
+    pass
+
+
+cdef void unhook_control(CQ cq):
+    pass
+
 include "fastpath.pxi"

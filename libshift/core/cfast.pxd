@@ -70,6 +70,7 @@ cdef extern from "fastpath.h" nogil:
     void sf_ctx_lock(sf_ctx *ctx)
     void sf_ctx_unlock(sf_ctx *ctx)
     void sf_ctx_links_act(void *ctx)
+    void sf_ctx_controls_act(void *ctx)
     uint32_t *sf_ctx_link_word(sf_ctx *ctx)
     void sf_ctx_link_down(sf_ctx *ctx, int path)
     int sf_ctx_link_is_down(const sf_ctx *ctx, int path)

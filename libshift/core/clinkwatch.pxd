@@ -17,3 +17,7 @@ cdef extern from "linkwatch.h" nogil:
     int sc_link_read(int fd, int32_t source, const sc_link *watched, int nwatched, sc_link_event *out, int max)
     void sc_link_raise(const sc_link_event *events, int n, const sc_link *watched, const sc_link_mark *marks,
                        int nwatched)
+
+
+cdef extern from "priority.h" nogil:
+    int sc_thread_prefer_latency()

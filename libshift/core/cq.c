@@ -216,6 +216,7 @@ int sc_cq_push(struct sc_cq *cq, const struct sc_wc *wc, int solicited) {
         cq->ring[(cq->head + cq->count) % cq->cqe] = *wc;
         cq->count++;
     }
+    if (cq->filled) cq->fresh = cq->ctx->fresh = 1;
     int armed = cq->armed;
     int fire = armed != ARMED_NONE &&
                (armed == ARMED_ANY || solicited || wc->status != WC_SUCCESS || cq->overflowed);
@@ -237,18 +238,25 @@ static int take(struct sc_cq *cq, int n, struct sc_wc *out) {
     return got;
 }
 
-static int poll_cq(sc_cq *cq, int n, struct sc_wc *out, int drive) {
+enum { PEEK, DRIVE, LOOK };
+
+static int poll_cq(sc_cq *cq, int n, struct sc_wc *out, int how) {
     struct sc_ctx *ctx = cq->ctx;
     pthread_mutex_lock(&ctx->lock);
-    if (drive && !cq->count && !cq->overflowed) sc_drive(ctx); /* a busy poll moves its own data */
+    if (how != PEEK && !cq->count && !cq->overflowed) { /* a busy poll moves its own data */
+        if (how == DRIVE) sc_drive(ctx);
+        else sc_look(ctx);
+    }
     int got = take(cq, n, out);
     pthread_mutex_unlock(&ctx->lock);
     return got;
 }
 
-int sc_cq_poll(sc_cq *cq, int n, struct sc_wc *out) { return poll_cq(cq, n, out, 1); }
+int sc_cq_poll(sc_cq *cq, int n, struct sc_wc *out) { return poll_cq(cq, n, out, DRIVE); }
 
-int sc_cq_peek(sc_cq *cq, int n, struct sc_wc *out) { return poll_cq(cq, n, out, 0); }
+int sc_cq_peek(sc_cq *cq, int n, struct sc_wc *out) { return poll_cq(cq, n, out, PEEK); }
+
+int sc_cq_look(sc_cq *cq, int n, struct sc_wc *out) { return poll_cq(cq, n, out, LOOK); }
 
 void sc_cq_req_notify(sc_cq *cq, int solicited_only) {
     pthread_mutex_lock(&cq->ctx->lock);
@@ -267,9 +275,49 @@ void sc_cq_put(struct sc_cq *cq) {
     free(cq);
 }
 
+static void wait_calls(struct sc_ctx *ctx) {
+    while (ctx->calling && !pthread_equal(pthread_self(), ctx->thread)) pthread_cond_wait(&ctx->called, &ctx->lock);
+}
+
+void sc_cq_set_filled(sc_cq *cq, void (*fn)(void *arg), void *arg) {
+    struct sc_ctx *ctx = cq->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    cq->filled = fn;
+    cq->filled_arg = arg;
+    cq->fresh = 0;
+    if (!fn) wait_calls(ctx);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+void sc_cq_call_filled(struct sc_ctx *ctx) {
+    enum { MAX_CALLS = 8 }; /* a context's hooked CQs: a shift context's control CQ per backup path */
+    struct call {
+        void (*fn)(void *);
+        void *arg;
+    } calls[MAX_CALLS];
+    int n = 0;
+    if (!ctx->fresh) return;
+    ctx->fresh = 0;
+    for (struct sc_cq *cq = ctx->cqs; cq; cq = cq->next) {
+        if (!cq->fresh) continue;
+        cq->fresh = 0;
+        if (cq->filled && !cq->closed && n < MAX_CALLS) calls[n++] = (struct call){cq->filled, cq->filled_arg};
+        else if (cq->filled && !cq->closed) ctx->fresh = cq->fresh = 1; /* the next pass calls it */
+    }
+    if (!n) return;
+    ctx->calling = 1;
+    pthread_mutex_unlock(&ctx->lock);
+    for (int i = 0; i < n; i++) calls[i].fn(calls[i].arg);
+    pthread_mutex_lock(&ctx->lock);
+    ctx->calling = 0;
+    pthread_cond_broadcast(&ctx->called);
+}
+
 void sc_cq_free(sc_cq *cq) {
     struct sc_ctx *ctx = cq->ctx;
     pthread_mutex_lock(&ctx->lock);
+    cq->filled = NULL;
+    wait_calls(ctx);
     cq->closed = 1;
     cq->count = 0;
     sc_cq_put(cq);

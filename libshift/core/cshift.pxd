@@ -67,6 +67,7 @@ cdef extern from "shift_core.h" nogil:
     sc_cq *sc_cq_new(sc_ctx *ctx, uint32_t cqe, sc_chan *chan, uint64_t cookie)
     int sc_cq_poll(sc_cq *cq, int n, sc_wc *out)
     void sc_cq_req_notify(sc_cq *cq, int solicited_only)
+    void sc_cq_set_filled(sc_cq *cq, void (*fn)(void *arg), void *arg)
     void sc_cq_free(sc_cq *cq)
     int sc_ctx_listen(sc_ctx *ctx, int listen_fd)
     sc_qp *sc_qp_new(sc_pd *pd, sc_cq *send_cq, sc_cq *recv_cq, const sc_cap *cap, int sq_sig_all,

@@ -17,6 +17,7 @@ struct sc_dp {
     int (*qp_to_err)(void *qp); /* 0, or an errno */
     int (*cq_poll)(void *cq, int n, struct sc_wc *out);
     int (*cq_peek)(void *cq, int n, struct sc_wc *out); /* what is made, without driving the transport */
+    int (*cq_look)(void *cq, int n, struct sc_wc *out); /* driving it, beside the backend's own thread */
     int (*cq_req_notify)(void *cq, int solicited_only); /* 0, or an errno */
     int (*chan_fd)(const void *chan);
     int (*chan_take)(void *chan, uint64_t *cookie);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "priority.h"
 
 #define MAX_EVENTS 64
 #define WAKE_TAG UINT64_MAX /* the wake-up eventfd's entry in the progress thread's epoll set */
@@ -109,6 +110,8 @@ void sc_drive(struct sc_ctx *ctx) {
     pass(ctx);
 }
 
+void sc_look(struct sc_ctx *ctx) { pass(ctx); }
+
 int sc_driven(const struct sc_ctx *ctx, int64_t now) {
     return ctx->drivers || (ctx->last_drive && now - ctx->last_drive < SC_DRIVE_GRACE_NS);
 }
@@ -122,6 +125,8 @@ static int timeout_ms(int64_t until, int64_t now) {
 static void *run(void *arg) {
     struct sc_ctx *ctx = arg;
     struct epoll_event events[2];
+    sc_thread_prefer_latency(); /* woken by a frame, it runs at once (priority.c) */
+    pthread_setname_np(pthread_self(), "shift-progress");
     pthread_mutex_lock(&ctx->lock);
     while (!ctx->stopping) {
         int64_t now = sc_now(), due = sc_timers_first(ctx), until = due ? due : INT64_MAX;
@@ -158,6 +163,7 @@ static void *run(void *arg) {
             sc_timers_fire(ctx, sc_now());
             sc_conn_reap(ctx);
         }
+        sc_cq_call_filled(ctx);
     }
     pthread_mutex_unlock(&ctx->lock);
     return NULL;
@@ -175,9 +181,12 @@ sc_ctx *sc_ctx_new(void) {
     ctx->pfd = epoll_create1(EPOLL_CLOEXEC);
     ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (ctx->epfd < 0 || ctx->pfd < 0 || ctx->wakefd < 0 || pthread_mutex_init(&ctx->lock, NULL)) goto fail;
-    if (add_to(ctx->pfd, ctx->epfd, 0) || add_to(ctx->pfd, ctx->wakefd, WAKE_TAG)) goto fail_locked;
-    if (pthread_create(&ctx->thread, NULL, run, ctx)) goto fail_locked;
+    if (pthread_cond_init(&ctx->called, NULL)) goto fail_locked;
+    if (add_to(ctx->pfd, ctx->epfd, 0) || add_to(ctx->pfd, ctx->wakefd, WAKE_TAG)) goto fail_cond;
+    if (pthread_create(&ctx->thread, NULL, run, ctx)) goto fail_cond;
     return ctx;
+fail_cond:
+    pthread_cond_destroy(&ctx->called);
 fail_locked:
     pthread_mutex_destroy(&ctx->lock);
 fail:
@@ -206,6 +215,7 @@ void sc_ctx_free(sc_ctx *ctx) {
     close(ctx->wakefd);
     free(ctx->watches);
     free(ctx->heap);
+    pthread_cond_destroy(&ctx->called);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
 }

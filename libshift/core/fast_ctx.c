@@ -202,14 +202,18 @@ int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, uint32_t qpn, struct sf_defer
 int sf_ctx_backup_hot(const sf_ctx *ctx) { return sf_now_ns() < ctx->backup_hot; }
 
 void sf_ctx_heat_backups(sf_ctx *ctx) {
-    ctx->backup_hot = sf_now_ns() + SF_BACKUP_HOT_NS;
+    int64_t now = sf_now_ns();
+    ctx->backup_hot = now + SF_BACKUP_HOT_NS;
+    ctx->looking_until = now + SF_SWITCH_LOOK_NS;
 }
 
 /* -- progress ----------------------------------------------------------------------------------------------- */
 
-/* Every completion of one provider CQ to its QP, driving its transport (a poll) or taking only what its
- * progress thread has made (a peek); 1 if any came, -1 if the CQ overflowed. */
-static int drain(sf_ctx *ctx, void *provider_cq, int path, int drive) {
+typedef int (*take_fn)(void *cq, int n, struct sc_wc *out);
+
+/* Every completion of one provider CQ to its QP, taken by `take`: driving its transport (a poll, a look) or
+ * taking only what its progress thread has made (a peek); 1 if any came, -1 if the CQ overflowed. */
+static int drain(sf_ctx *ctx, void *provider_cq, int path, take_fn take) {
     /* a switch made during the pass drains the path it leaves: its completions come here again, never a
      * switch inside another one (sf_qp_complete only queues work) */
     struct sc_wc wcs[SF_POLL_BATCH];
@@ -217,7 +221,7 @@ static int drain(sf_ctx *ctx, void *provider_cq, int path, int drive) {
     if (!provider_cq)
         return 0;
     do {
-        n = (drive ? ctx->dp->cq_poll : ctx->dp->cq_peek)(provider_cq, SF_POLL_BATCH, wcs);
+        n = take(provider_cq, SF_POLL_BATCH, wcs);
         if (n < 0)
             return -1;
         for (int i = 0; i < n; i++) {
@@ -230,14 +234,25 @@ static int drain(sf_ctx *ctx, void *provider_cq, int path, int drive) {
     return got;
 }
 
-int sf_ctx_drain_cq(sf_ctx *ctx, void *provider_cq, int path) { return drain(ctx, provider_cq, path, 1); }
+int sf_ctx_drain_cq(sf_ctx *ctx, void *provider_cq, int path) {
+    return drain(ctx, provider_cq, path, ctx->dp->cq_poll);
+}
 
 int sf_ctx_drain(sf_ctx *ctx, sf_cq *cq, int path) {
     if (path < 0 || path >= ctx->paths)
         return 0;
-    int got = drain(ctx, cq ? cq->on[path] : ctx->control[path], path, 1);
+    int got = drain(ctx, cq ? cq->on[path] : ctx->control[path], path, ctx->dp->cq_poll);
     sf_switch_work(ctx); /* a peer's count taken here must not wait for the next pass */
     return got;
+}
+
+void sf_ctx_controls_act(void *arg) {
+    sf_ctx *ctx = arg;
+    pthread_mutex_lock(&ctx->lock);
+    for (int path = 1; path < ctx->paths; path++)
+        drain(ctx, ctx->control[path], path, ctx->dp->cq_peek); /* made by the thread calling */
+    sf_switch_work(ctx);
+    pthread_mutex_unlock(&ctx->lock);
 }
 
 uint32_t *sf_ctx_link_word(sf_ctx *ctx) { return &ctx->links_down; }
@@ -260,14 +275,21 @@ void sf_ctx_link_up(sf_ctx *ctx, int path) {
 
 int sf_ctx_progress(sf_ctx *ctx, int everything) {
     int64_t now = sf_now_ns();
-    /* the backup paths: driven while hot, else only what their progress threads have made (a peer's
-     * count, an error) is taken, which costs a lock and parks no thread; a drive would park the thread
-     * that makes a peer's count the moment it comes, for SC_DRIVE_GRACE_NS */
-    int backup = ctx->paths > 1 && (everything || now < ctx->backup_hot);
+    /* the backup paths: in a switch's first moments (and for the watchers), looked at: a pass that leaves
+     * their progress threads awake, so that either thread takes the peer's count and the replay's acks
+     * the moment it can, where a drive would park the thread for SC_DRIVE_GRACE_NS and leave them to the
+     * caller's next poll; then, while hot, driven (the caller moves the traffic on its own thread, the
+     * progress thread not woken per frame); else only what their progress threads have made (a peer's
+     * count, an error) is taken, which costs a lock */
+    take_fn backup = ctx->dp->cq_peek;
+    if (ctx->paths > 1 && (everything || now < ctx->looking_until))
+        backup = ctx->dp->cq_look;
+    else if (ctx->paths > 1 && now < ctx->backup_hot)
+        backup = ctx->dp->cq_poll;
     int moved = 0, overflow = 0, got;
     for (uint32_t i = 0; i < ctx->ncqs; i++) {
         sf_cq *cq = ctx->cqs[i];
-        overflow |= drain(ctx, cq->on[0], 0, 1) < 0;
+        overflow |= drain(ctx, cq->on[0], 0, ctx->dp->cq_poll) < 0;
         for (int path = 1; path < ctx->paths; path++) {
             got = drain(ctx, cq->on[path], path, backup);
             overflow |= got < 0;

@@ -96,6 +96,7 @@ struct sf_ctx {
     struct sf_deferred *deferred; /* a ring */
     uint32_t deferred_cap, deferred_head, deferred_count;
     int64_t backup_hot;
+    int64_t looking_until; /* sf_ctx_heat_backups: passes look at the backup paths until then */
     uint32_t links_down;  /* a bit per path, raised by any thread (atomically): its link was seen down */
     uint32_t links_acted; /* the bits of links_down a pass has acted on */
     int news;             /* a QP has news since sf_ctx_take_news */

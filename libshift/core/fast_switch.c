@@ -205,6 +205,7 @@ static void switch_to(sf_qp *qp, int to, uint32_t reason) {
     struct sf_news news = {.kind = SF_NEWS_SWITCHED, .left = (uint32_t)left, .to = (uint32_t)to, .reason = reason,
                            .at_ns = sf_now_ns()};
     qp->phase = SF_STOPPING;
+    sf_ctx_heat_backups(ctx); /* the peer's count and the replay's acks come on the backup paths */
     ctx->dp->qp_to_err(qp->on[left]); /* nothing more lands on the old path: our receive count is final */
     sf_ctx_drain_cq(ctx, qp->send_cq->on[left], left);
     sf_ctx_drain_cq(ctx, left ? ctx->control[left] : qp->recv_cq->on[left], left); /* where its receives complete */

@@ -27,6 +27,8 @@
 #define SF_CONTROL_IDS (1ull << 62)   /* wr_ids at or above this are the failover layer's control WRs */
 #define SF_POLL_BATCH 32
 #define SF_BACKUP_HOT_NS 50000000     /* a pass drives the backup paths for this long after they last moved */
+#define SF_SWITCH_LOOK_NS 5000000     /* and looks at them (leaves their progress threads awake) this long
+                                       * after a switch began: its handshake and replay come there */
 
 typedef struct sf_ctx sf_ctx;
 typedef struct sf_cq sf_cq;
@@ -118,6 +120,10 @@ void sf_ctx_unlock(sf_ctx *ctx);
 /* Act on the links seen down at once, on the caller's thread (the link watch's: sc_link_mark's `act`):
  * takes the mutex, moves the fast-mode QPs off them (fast_switch.c). `ctx` is an sf_ctx. */
 void sf_ctx_links_act(void *ctx);
+/* Take what the backup paths' control CQs hold (the peer's count: its switch, or our resume, made at once)
+ * on the caller's thread, without driving a transport: the hook of a backup path's control CQ on its
+ * backend's own thread (the tcp engine's progress thread, sc_cq_set_filled). Takes the mutex. */
+void sf_ctx_controls_act(void *ctx);
 /* The same, from the interpreter's thread (shiftd's word); and whether the bit is up. */
 void sf_ctx_link_down(sf_ctx *ctx, int path);
 int sf_ctx_link_is_down(const sf_ctx *ctx, int path);
@@ -129,7 +135,8 @@ int sf_ctx_take_news(sf_ctx *ctx);
 /* Whether a backup path carried traffic within SF_BACKUP_HOT_NS. */
 int sf_ctx_backup_hot(const sf_ctx *ctx);
 /* Drive the backup paths on every pass for SF_BACKUP_HOT_NS from now, as if they had carried traffic: a
- * switch is under way, and the peer's count and the replay's acks come there. */
+ * switch is under way, and the peer's count and the replay's acks come there; for the first
+ * SF_SWITCH_LOOK_NS of it, a look, which leaves their progress threads awake to take them at once. */
 void sf_ctx_heat_backups(sf_ctx *ctx);
 
 /* A CQ of cqe entries over one provider CQ per path; cookie names it in SF_DEFER_NOTIFY. */

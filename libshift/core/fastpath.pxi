@@ -45,6 +45,7 @@ cdef class FastContext:
         f.sf_ctx_set_control(self.ptr, path, <void *>cq.ptr)
         f.sf_ctx_unlock(self.ptr)
         self.controls.append(cq)
+        hook_control(cq, self.ptr)
 
     def lkeys(self, int path):
         """The lkey map of backup `path` (default lkey -> the twin's there), as a mutable mapping."""
@@ -163,6 +164,8 @@ cdef class FastContext:
     def close(self):
         """No more progress; the C context is freed once its CQs and QPs are closed too."""
         self.closing = True
+        for cq in self.controls:
+            unhook_control(cq)
         self.controls = []
         if self.ptr is not NULL and not self.children:
             f.sf_ctx_free(self.ptr)

@@ -98,6 +98,9 @@ struct sc_cq {
     int overflowed, armed;
     uint32_t refs; /* the owner's, its QPs' and the channel's queued events */
     int closed;
+    int fresh;                 /* a completion came since the progress thread last called `filled` */
+    void (*filled)(void *arg); /* sc_cq_set_filled: called by the progress thread, outside the lock */
+    void *filled_arg;
     struct sc_cq *next, *prev;
 };
 
@@ -238,6 +241,9 @@ struct sc_ctx {
     int64_t last_drive;
     uint32_t writers; /* connections waiting for room in their socket: the thread sends while callers work */
     struct sc_chan *passing_chan; /* the channel whose waiter is making the pass under way, if any */
+    int fresh;                     /* a CQ with a `filled` hook has a completion the hook has not seen */
+    int calling;                   /* the progress thread is calling `filled` hooks (unlocked) */
+    pthread_cond_t called;         /* signalled when it is done */
     uint64_t failures;
     uint32_t next_pd;
     struct sc_watch *watches;
@@ -260,6 +266,10 @@ struct sc_ctx {
     uint8_t staging[SC_STAGING];
 };
 
+/* cq.c: the `filled` hooks of the CQs with fresh completions, for the progress thread after its pass
+ * (lock held on entry and exit, released around the calls). */
+void sc_cq_call_filled(struct sc_ctx *ctx);
+
 /* engine.c */
 int64_t sc_now(void);
 uint64_t sc_watch_add(struct sc_ctx *ctx, int fd, int kind, void *obj, int want_write);
@@ -268,6 +278,8 @@ void sc_watch_del(struct sc_ctx *ctx, int fd, uint64_t watch);
 void sc_engine_wake(struct sc_ctx *ctx);
 /* A non-blocking pass on a caller's thread, which parks the progress thread for SC_DRIVE_GRACE_NS. */
 void sc_drive(struct sc_ctx *ctx);
+/* A non-blocking pass on a caller's thread that leaves the progress thread as it is: both take what comes. */
+void sc_look(struct sc_ctx *ctx);
 /* Whether a caller drives progress now (the progress thread parks as soon as it looks). */
 int sc_driven(const struct sc_ctx *ctx, int64_t now);
 

@@ -6,6 +6,15 @@ DEF LINK_EVENTS = 64
 DEF LINK_SOCKETS = 63  # and the wake-up's eventfd: sc_link_wait looks at 64 fds
 
 
+PRIORITIES = ("none", "short slice", "realtime")
+
+
+def prefer_latency():
+    """The calling thread runs at once when woken (priority.h): 'realtime' (SCHED_FIFO 1), 'short slice'
+    (where real time is not allowed, or SHIFT_REALTIME=0), or 'none' (the kernel refused both)."""
+    return PRIORITIES[lw.sc_thread_prefer_latency()]
+
+
 def link_next(fds, int wake, watched, int timeout_ms=-1):
     """Wait up to timeout_ms (-1: forever) for the non-blocking NETLINK_ROUTE sockets `fds` (at most 63) or
     the eventfd `wake`, read every link message that came about the watched links, and raise the mark of

@@ -110,7 +110,15 @@ int sc_cq_poll(sc_cq *cq, int n, struct sc_wc *out);
 /* As sc_cq_poll, but only what is already made: no pass, so the context's progress thread keeps making
  * progress (a poll's pass parks it); for a CQ looked at often that is usually idle. */
 int sc_cq_peek(sc_cq *cq, int n, struct sc_wc *out);
+/* As sc_cq_poll, but the pass leaves the progress thread unparked: it takes a frame as soon as it comes
+ * while the caller's passes take it as soon as they look (a path in the middle of a failover). */
+int sc_cq_look(sc_cq *cq, int n, struct sc_wc *out);
 void sc_cq_req_notify(sc_cq *cq, int solicited_only);
+/* `fn(arg)` is called on the context's progress thread, outside its lock, after each of its passes in which
+ * the CQ got a completion (not after a caller's: that caller takes it): a layer above acts on a control
+ * message the moment it comes, with no caller's poll in the way. fn NULL: no more calls; it returns once
+ * a call under way has ended (so it must not be made from inside fn, nor while holding a lock fn takes). */
+void sc_cq_set_filled(sc_cq *cq, void (*fn)(void *arg), void *arg);
 void sc_cq_free(sc_cq *cq);
 
 /* Hands the context a listening socket (bound to its device's address): it accepts the connections of

@@ -14,6 +14,7 @@ static int qp_to_err(void *qp) {
 }
 static int cq_poll(void *cq, int n, struct sc_wc *out) { return sc_cq_poll(cq, n, out); }
 static int cq_peek(void *cq, int n, struct sc_wc *out) { return sc_cq_peek(cq, n, out); }
+static int cq_look(void *cq, int n, struct sc_wc *out) { return sc_cq_look(cq, n, out); }
 static int cq_req_notify(void *cq, int solicited_only) {
     sc_cq_req_notify(cq, solicited_only);
     return 0;
@@ -25,5 +26,16 @@ static int chan_wait(void *chan, int timeout_ms, int drive, uint64_t *cookie) {
 }
 static void chan_wake(void *chan) { sc_chan_wake(chan); }
 
-const struct sc_dp sc_dp_tcp = {"tcp",   post_send,     post_recv, qp_state,  qp_to_err, cq_poll,
-                                cq_peek, cq_req_notify, chan_fd,   chan_take, chan_wait, chan_wake};
+const struct sc_dp sc_dp_tcp = {.name = "tcp",
+                                .post_send = post_send,
+                                .post_recv = post_recv,
+                                .qp_state = qp_state,
+                                .qp_to_err = qp_to_err,
+                                .cq_poll = cq_poll,
+                                .cq_peek = cq_peek,
+                                .cq_look = cq_look,
+                                .cq_req_notify = cq_req_notify,
+                                .chan_fd = chan_fd,
+                                .chan_take = chan_take,
+                                .chan_wait = chan_wait,
+                                .chan_wake = chan_wake};

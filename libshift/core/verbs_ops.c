@@ -19,6 +19,17 @@ static int chan_wait(void *chan, int timeout_ms, int drive, uint64_t *cookie) {
 }
 static void chan_wake(void *chan) { sv_chan_wake(chan); }
 
-/* a device's CQ fills by itself (the RNIC, or rxe's kernel threads): a peek is a poll */
-const struct sc_dp sc_dp_verbs = {"verbs", post_send,     post_recv, qp_state,  qp_to_err, cq_poll,
-                                  cq_poll, cq_req_notify, chan_fd,   chan_take, chan_wait, chan_wake};
+/* a device's CQ fills by itself (the RNIC, or rxe's kernel threads): a peek and a look are a poll */
+const struct sc_dp sc_dp_verbs = {.name = "verbs",
+                                  .post_send = post_send,
+                                  .post_recv = post_recv,
+                                  .qp_state = qp_state,
+                                  .qp_to_err = qp_to_err,
+                                  .cq_poll = cq_poll,
+                                  .cq_peek = cq_poll,
+                                  .cq_look = cq_poll,
+                                  .cq_req_notify = cq_req_notify,
+                                  .chan_fd = chan_fd,
+                                  .chan_take = chan_take,
+                                  .chan_wait = chan_wait,
+                                  .chan_wake = chan_wake};

@@ -25,7 +25,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from libshift.core._core import link_next
+from libshift.core._core import link_next, prefer_latency
 from libshift.netns import NetnsError, in_netns
 
 log = logging.getLogger("libshift.shift")
@@ -78,6 +78,7 @@ class LinkWatch:
         return set(self._keys.values())
 
     def _run(self) -> None:
+        prefer_latency()  # woken by a link message, act at once, even with busy pollers on every CPU
         fds = [sock.fileno() for sock in self._sockets]
         watched = [(*link, self._marks.get(key)) for link, key in self._keys.items()]
         while True:

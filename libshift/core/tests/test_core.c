@@ -366,6 +366,72 @@ static void test_a_peek_takes_what_the_progress_thread_made(void) {
     sc_ctx_free(d.cb);
 }
 
+/* What a `filled` hook saw: the thread it ran on, whether its context's lock was free. */
+struct hook_seen {
+    sc_ctx *ctx;
+    int calls, lock_free;
+    pthread_t thread;
+};
+
+static void hook_note(void *arg) {
+    struct hook_seen *seen = arg;
+    seen->thread = pthread_self();
+    seen->lock_free = pthread_mutex_trylock(&seen->ctx->lock) == 0;
+    if (seen->lock_free) pthread_mutex_unlock(&seen->ctx->lock);
+    __atomic_add_fetch(&seen->calls, 1, __ATOMIC_RELEASE);
+}
+
+static int calls_of(struct hook_seen *seen) { return __atomic_load_n(&seen->calls, __ATOMIC_ACQUIRE); }
+
+/* A CQ's hook is called by its context's progress thread, outside the lock, once it has made a completion
+ * there, with no caller polling; after sc_cq_set_filled(NULL) no more. */
+static void test_the_progress_thread_calls_a_cqs_hook(void) {
+    static uint8_t ma[64], mb[64];
+    struct duo d = duo_new(ma, sizeof ma, mb, sizeof mb, ACCESS_LOCAL_WRITE);
+    struct hook_seen seen = {.ctx = d.cb};
+    sc_cq_set_filled(d.qb, hook_note, &seen);
+    struct sc_sge sa = {(uint64_t)(uintptr_t)ma, 4, sc_mr_lkey(d.ra)}, sb = {(uint64_t)(uintptr_t)mb, 4,
+                                                                          sc_mr_lkey(d.rb)};
+    struct sc_recv_wr r[2] = {{.wr_id = 5, .num_sge = 1, .sg = &sb}, {.wr_id = 7, .num_sge = 1, .sg = &sb}};
+    struct sc_send_wr s = {.wr_id = 6, .opcode = WR_SEND, .send_flags = SEND_SIGNALED, .num_sge = 1, .sg = &sa};
+    int posted;
+    struct sc_wc wc;
+    CHECK(sc_qp_post_recv(d.b, r, 2, &posted) == SC_POST_OK && posted == 2);
+    CHECK(sc_qp_post_send(d.a, &s, 1, &posted) == SC_POST_OK);
+    for (int i = 0; i < 20000 && !calls_of(&seen); i++) usleep(100);
+    CHECK(calls_of(&seen) >= 1 && pthread_equal(seen.thread, d.cb->thread) && seen.lock_free);
+    CHECK(sc_cq_peek(d.qb, 1, &wc) == 1 && wc.wr_id == 5); /* the hook's to take, or anyone's */
+    CHECK(wait_wc(d.qa, &wc) && wc.wr_id == 6);
+    sc_cq_set_filled(d.qb, NULL, NULL);
+    int before = calls_of(&seen);
+    CHECK(sc_qp_post_send(d.a, &s, 1, &posted) == SC_POST_OK);
+    int got = 0;
+    for (int i = 0; i < 20000 && !got; i++) {
+        got = sc_cq_peek(d.qb, 1, &wc);
+        if (!got) usleep(100);
+    }
+    CHECK(got == 1 && calls_of(&seen) == before);
+    sc_ctx_free(d.ca);
+    sc_ctx_free(d.cb);
+}
+
+/* A look is a pass on the caller's thread, like a poll's, that does not park the progress thread. */
+static void test_a_look_leaves_the_progress_thread_awake(void) {
+    static uint8_t ma[64], mb[64];
+    struct duo d = duo_new(ma, sizeof ma, mb, sizeof mb, ACCESS_LOCAL_WRITE);
+    struct sc_wc wc;
+    CHECK(sc_cq_look(d.qb, 1, &wc) == 0);
+    pthread_mutex_lock(&d.cb->lock);
+    CHECK(!sc_driven(d.cb, sc_now()));
+    pthread_mutex_unlock(&d.cb->lock);
+    CHECK(sc_cq_poll(d.qb, 1, &wc) == 0);
+    pthread_mutex_lock(&d.cb->lock);
+    CHECK(sc_driven(d.cb, sc_now())); /* a poll parks it, for SC_DRIVE_GRACE_NS */
+    pthread_mutex_unlock(&d.cb->lock);
+    sc_ctx_free(d.ca);
+    sc_ctx_free(d.cb);
+}
+
 /* sc_chan_wait, and the seconds it took. */
 static int timed_wait(sc_chan *chan, int timeout_ms, int drive, double *took) {
     struct timespec t0, t1;
@@ -810,6 +876,21 @@ static struct side side_new(sc_qp *on0, sc_cq *cq0, sc_qp *on1, sc_cq *cq1, uint
 
 static int news_of(struct side *s, struct sf_news *out, int max) { return sf_qp_news(s->qp, out, max); }
 
+/* Two sides over two paths (d0, d1), freed: the fast path's objects, then the contexts. */
+static void sides_free(struct side *a, struct side *b, struct duo *d0, struct duo *d1) {
+    struct side *sides[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        sf_qp_free(sides[i]->qp);
+        sf_cq_free(sides[i]->cq);
+        sf_ctx_free(sides[i]->ctx);
+    }
+    struct duo *duos[2] = {d0, d1};
+    for (int i = 0; i < 2; i++) {
+        sc_ctx_free(duos[i]->ca);
+        sc_ctx_free(duos[i]->cb);
+    }
+}
+
 /* The failover made in the core: a's link of path 0 is seen down (the link watch's bit); a's pass stops
  * path 0, moves its receives, sends its count on path 1; b takes the count there, follows (its own path 0
  * stopped), answers with its count and resumes; a resumes: the sends b has complete once, a READ goes
@@ -909,17 +990,42 @@ static void test_the_failover_in_the_core(void) {
     CHECK(sf_ctx_take_news(b.ctx) == 1);
     sf_ctx_link_up(a.ctx, 0);
     CHECK(!sf_ctx_link_is_down(a.ctx, 0));
-    struct side *sides[2] = {&a, &b};
-    for (int i = 0; i < 2; i++) {
-        sf_qp_free(sides[i]->qp);
-        sf_cq_free(sides[i]->cq);
-        sf_ctx_free(sides[i]->ctx);
+    sides_free(&a, &b, &d0, &d1);
+}
+
+/* The peer follows on its progress thread alone: b never makes a pass; its path-1 control CQ's hook
+ * (sf_ctx_controls_act, as the Cython face installs it) takes a's count, switches b, answers with b's
+ * count and resumes, all on b's progress thread; a, driven, resumes. */
+static void test_the_peer_follows_on_its_progress_thread(void) {
+    static uint8_t ma[64], mb[64], ca[32], cb[32];
+    struct duo d0 = duo_new(ma, sizeof ma, mb, sizeof mb, ACCESS_LOCAL_WRITE);
+    struct duo d1 = duo_new(ma, sizeof ma, mb, sizeof mb, ACCESS_LOCAL_WRITE);
+    sc_mr *target_a = sc_mr_reg(d1.pa, ca, sizeof ca, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE);
+    sc_mr *target_b = sc_mr_reg(d1.pb, cb, sizeof cb, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE);
+    struct side a = side_new(d0.a, d0.qa, d1.a, d1.qa, 1, cb, target_b);
+    struct side b = side_new(d0.b, d0.qb, d1.b, d1.qb, 2, ca, target_a);
+    sc_cq_set_filled(d1.qb, sf_ctx_controls_act, b.ctx);
+    *sf_ctx_link_word(a.ctx) |= 1u;
+    sf_ctx_links_act(a.ctx);
+    int followed = 0, resumed = 0;
+    for (int i = 0; i < 40000 && !(followed && resumed); i++) {
+        sf_ctx_lock(a.ctx);
+        sf_ctx_progress(a.ctx, 0);
+        resumed = a.qp->path == 1 && a.qp->phase == SF_STEADY;
+        sf_ctx_unlock(a.ctx);
+        sf_ctx_lock(b.ctx);
+        followed = b.qp->path == 1 && b.qp->phase == SF_STEADY;
+        sf_ctx_unlock(b.ctx);
+        usleep(50);
     }
-    struct duo *duos[2] = {&d0, &d1};
-    for (int i = 0; i < 2; i++) {
-        sc_ctx_free(duos[i]->ca);
-        sc_ctx_free(duos[i]->cb);
-    }
+    CHECK(followed && resumed);
+    struct sf_news news[4];
+    sf_ctx_lock(b.ctx);
+    CHECK(news_of(&b, news, 4) == 2 && news[0].kind == SF_NEWS_SWITCHED && news[0].reason == SF_REASON_PEER);
+    CHECK(news[1].kind == SF_NEWS_RESUMED && sc_qp_state(d0.b) == SC_QPS_ERR);
+    sf_ctx_unlock(b.ctx);
+    sc_cq_set_filled(d1.qb, NULL, NULL);
+    sides_free(&a, &b, &d0, &d1);
 }
 
 int main(void) {
@@ -931,6 +1037,8 @@ int main(void) {
     test_the_link_watch_reads_link_messages();
     test_the_link_watch_raises_its_marks();
     test_a_peek_takes_what_the_progress_thread_made();
+    test_the_progress_thread_calls_a_cqs_hook();
+    test_a_look_leaves_the_progress_thread_awake();
     test_a_wait_makes_its_own_completion();
     test_the_smaller_address_and_qpn_connects();
     test_refusals();
@@ -940,6 +1048,7 @@ int main(void) {
     test_the_fast_path_on_a_backup_path();
     test_a_drain_takes_only_its_qps_deferred_items();
     test_the_failover_in_the_core();
+    test_the_peer_follows_on_its_progress_thread();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
