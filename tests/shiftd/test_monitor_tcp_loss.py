@@ -139,7 +139,10 @@ def test_the_monitor_counts_a_lossy_links_retransmissions_and_a_clean_links_none
         f"\nTCP over a veth, resent: {clean:.4f} of {clean_segments} clean, {lossy:.4f} of {lossy_segments}"
     )
     assert clean_segments > 1000 and lossy_segments > 200
-    assert clean < 0.005  # a clean link under a full stream: next to nothing
+    # a clean link under a full stream: next to nothing, well below the lossy link's; not nothing: in a slow
+    # hour the kernel resent 0.46-0.86% on this clean veth (2026-12-07) with no backlog drop counted in
+    # /proc/net/softnet_stat, late acks taken for losses
+    assert clean < 0.02
     assert 0.04 < lossy < 0.3  # 10% of the packets dropped each way: about as much of the data sent again
 
 
