@@ -98,7 +98,8 @@ class RemoteKeys:
         self._tell(gid, rkey, _result(chain))
 
     def _tell(self, gid: str, rkey: int, links: list[int] | None) -> None:
-        """A chain found: to the peer's followers (outside the lock: they take the core's mutex)."""
+        """A chain found: to the peer's followers, on this thread (they take the core's mutex; the lock is
+        not held unless a prefetch's lookup ended before its callback was added, which then runs inline)."""
         if not links:
             return
         with self._lock:

@@ -29,7 +29,7 @@ from stream_harness import BOTH, PATH_LOST, Bed, Fault, admin, assert_intact, ru
 
 from libshift.api.shift.v1 import admin_pb2, common_pb2
 from libshift.verbs import get_device_list
-from shiftd.inventory import port_sent
+from shiftd.inventory import port_sent, port_status
 from shiftlab.etcdproc import EtcdProcess
 from shiftlab.rxe.network import ENDS, SYSFS_IB
 
@@ -48,6 +48,7 @@ SENDER = ("--rate", "200", "--progress", "50", "--idle", "0.002", *PATIENT)
 RECEIVER = ("--idle", "0.002", *PATIENT)
 DETECT = {"SHIFT_DETECT_TIMEOUT": "16"}
 NETDEV = {end.device: end.netdev for end in ENDS}
+SYSFS = SYSFS_IB.parent.parent
 # shiftd reads the ports at once on their async events; this poll would come too late for any wait here,
 # so a port state these tests see moving came from an event
 EVENTS_ONLY = {"rdma_poll_seconds": 3600.0}
@@ -123,7 +124,7 @@ def wait_ports(bed: Bed, devices: Sequence[str], state: str) -> None:
     wanted = dict.fromkeys(devices, (state, nic_state))
     while (seen := {d: port_and_state(nics(bed)[d]) for d in devices}) != wanted:
         if time.monotonic() > deadline:  # which side is behind: the kernel's ports, or shiftd's view of them
-            kernel = {d: (SYSFS_IB / d / "ports" / "1" / "state").read_text().strip() for d in devices}
+            kernel = {d: port_status(SYSFS, d, 1) for d in devices}
             tail = bed.log()[-4000:]
             pytest.fail(f"shiftd's ports and NICs: {seen}, not {wanted}; sysfs: {kernel}\n{tail}")
         time.sleep(0.2)
@@ -196,9 +197,9 @@ def test_a_stream_fails_over_when_the_link_goes_down_and_back_when_it_is_up(bed:
 def test_the_peers_nic_failing_moves_both_sides(bed: RxeBed) -> None:
     """veth1 down: the receiver's link, rxe0's carrier with it. rxe0's own counts of what it sent rose
     meanwhile, as the loss judge reads them (inventory.port_sent: its evidence on an RNIC)."""
-    before = port_sent(SYSFS_IB.parent.parent, "rxe0", 1)
+    before = port_sent(SYSFS, "rxe0", 1)
     assert_intact(*stream(bed, "send", link("rxe1")))
-    after = port_sent(SYSFS_IB.parent.parent, "rxe0", 1)
+    after = port_sent(SYSFS, "rxe0", 1)
     assert before is not None and after is not None and after[0] > before[0] and after[1] >= before[1]
 
 
