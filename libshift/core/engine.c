@@ -2,7 +2,10 @@
  * threads.
  *
  * The progress thread waits until a socket is ready or the first timer falls due, then makes a pass under
- * the lock. A caller whose poll finds its CQ empty makes a non-blocking pass itself, and a blocking channel
+ * the lock. The first deadline is a timerfd in its wait set: a post that arms an earlier one (every post
+ * on an idle QP arms its ack deadline) re-arms the timerfd itself, and the thread sleeps on; a wake-up to
+ * shorten its wait cost a thread switch per message, and the woken thread, at real-time priority,
+ * preempted the poster. A caller whose poll finds its CQ empty makes a non-blocking pass itself, and a blocking channel
  * wait waits on the sockets itself, so the thread that wants the data reads it, with no hand-off between
  * threads. While callers drive like this the progress thread is parked: it waits on its wake-up eventfd
  * alone, for SC_DRIVE_GRACE_NS after the last caller's pass (looking at timers when it ends), so that it
@@ -17,6 +20,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -24,7 +28,8 @@
 #include "priority.h"
 
 #define MAX_EVENTS 64
-#define WAKE_TAG UINT64_MAX /* the wake-up eventfd's entry in the progress thread's epoll set */
+#define WAKE_TAG UINT64_MAX       /* the wake-up eventfd's entry in the progress thread's epoll set */
+#define TIMER_TAG (UINT64_MAX - 1) /* the deadline timerfd's */
 
 int64_t sc_now(void) {
     struct timespec ts;
@@ -116,6 +121,17 @@ int sc_driven(const struct sc_ctx *ctx, int64_t now) {
     return ctx->drivers || (ctx->last_drive && now - ctx->last_drive < SC_DRIVE_GRACE_NS);
 }
 
+void sc_engine_arm(struct sc_ctx *ctx, int64_t until) {
+    if (until == ctx->armed_until) return;
+    struct itimerspec at = {0}; /* all zero: disarmed */
+    if (until != INT64_MAX) {
+        at.it_value.tv_sec = until / 1000000000;
+        at.it_value.tv_nsec = until % 1000000000;
+        if (!at.it_value.tv_sec && !at.it_value.tv_nsec) at.it_value.tv_nsec = 1; /* zero would disarm */
+    }
+    if (timerfd_settime(ctx->timerfd, TFD_TIMER_ABSTIME, &at, NULL) == 0) ctx->armed_until = until;
+}
+
 static int timeout_ms(int64_t until, int64_t now) {
     if (until == INT64_MAX) return -1;
     int64_t ms = until <= now ? 0 : (until - now + 999999) / 1000000;
@@ -124,38 +140,45 @@ static int timeout_ms(int64_t until, int64_t now) {
 
 static void *run(void *arg) {
     struct sc_ctx *ctx = arg;
-    struct epoll_event events[2];
+    struct epoll_event events[3];
     sc_thread_prefer_latency(); /* woken by a frame, it runs at once (priority.c) */
     pthread_setname_np(pthread_self(), "shift-progress");
     pthread_mutex_lock(&ctx->lock);
     while (!ctx->stopping) {
-        int64_t now = sc_now(), due = sc_timers_first(ctx), until = due ? due : INT64_MAX;
+        int64_t now = sc_now(), due = sc_timers_first(ctx), until = due ? due : INT64_MAX, look = INT64_MAX;
         int parked = sc_driven(ctx, now) && (ctx->drivers || !ctx->writers);
-        if (parked) { /* a blocked waiter: look again now and then; a busy poller: when its grace ends */
-            int64_t look = (ctx->drivers ? now : ctx->last_drive) + SC_DRIVE_GRACE_NS;
-            if (look < until) until = look;
-        }
-        ctx->sleep_until = until;
+        if (parked) /* a blocking waiter: look again now and then; a busy poller: when its grace ends */
+            look = (ctx->drivers ? now : ctx->last_drive) + SC_DRIVE_GRACE_NS;
+        sc_engine_arm(ctx, until);
+        ctx->sleep_until = until < look ? until : look;
         ctx->parked = parked;
         pthread_mutex_unlock(&ctx->lock);
-        int woken = 0, sockets = 0;
+        int woken = 0, sockets = 0, expired = 0;
         if (parked) {
-            struct pollfd wake = {.fd = ctx->wakefd, .events = POLLIN};
-            woken = poll(&wake, 1, timeout_ms(until, now)) > 0;
+            struct pollfd wait[2] = {{.fd = ctx->wakefd, .events = POLLIN}, {.fd = ctx->timerfd, .events = POLLIN}};
+            if (poll(wait, 2, timeout_ms(look, now)) > 0) {
+                woken = (wait[0].revents & POLLIN) != 0;
+                expired = (wait[1].revents & POLLIN) != 0;
+            }
         } else {
-            int n = epoll_wait(ctx->pfd, events, 2, timeout_ms(until, now));
+            int n = epoll_wait(ctx->pfd, events, 3, -1);
             for (int i = 0; i < n; i++) {
                 if (events[i].data.u64 == WAKE_TAG) woken = 1;
+                else if (events[i].data.u64 == TIMER_TAG) expired = 1;
                 else sockets = 1;
             }
         }
         pthread_mutex_lock(&ctx->lock);
         ctx->sleep_until = 0;
         ctx->parked = 0;
-        if (woken) {
-            uint64_t count;
+        uint64_t count;
+        if (woken)
             while (read(ctx->wakefd, &count, sizeof count) < 0 && errno == EINTR) {
             }
+        if (expired) { /* read, so that it is not ready again; and no longer armed */
+            while (read(ctx->timerfd, &count, sizeof count) < 0 && errno == EINTR) {
+            }
+            ctx->armed_until = 0;
         }
         if (ctx->stopping) break;
         if (sockets) pass(ctx);
@@ -180,9 +203,13 @@ sc_ctx *sc_ctx_new(void) {
     ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
     ctx->pfd = epoll_create1(EPOLL_CLOEXEC);
     ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (ctx->epfd < 0 || ctx->pfd < 0 || ctx->wakefd < 0 || pthread_mutex_init(&ctx->lock, NULL)) goto fail;
+    ctx->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (ctx->epfd < 0 || ctx->pfd < 0 || ctx->wakefd < 0 || ctx->timerfd < 0 || sc_mutex_init(&ctx->lock, 0))
+        goto fail;
     if (pthread_cond_init(&ctx->called, NULL)) goto fail_locked;
-    if (add_to(ctx->pfd, ctx->epfd, 0) || add_to(ctx->pfd, ctx->wakefd, WAKE_TAG)) goto fail_cond;
+    if (add_to(ctx->pfd, ctx->epfd, 0) || add_to(ctx->pfd, ctx->wakefd, WAKE_TAG) ||
+        add_to(ctx->pfd, ctx->timerfd, TIMER_TAG))
+        goto fail_cond;
     if (pthread_create(&ctx->thread, NULL, run, ctx)) goto fail_cond;
     return ctx;
 fail_cond:
@@ -193,6 +220,7 @@ fail:
     if (ctx->epfd >= 0) close(ctx->epfd);
     if (ctx->pfd >= 0) close(ctx->pfd);
     if (ctx->wakefd >= 0) close(ctx->wakefd);
+    if (ctx->timerfd >= 0) close(ctx->timerfd);
     free(ctx->watches);
     free(ctx);
     return NULL;
@@ -213,6 +241,7 @@ void sc_ctx_free(sc_ctx *ctx) {
     close(ctx->epfd);
     close(ctx->pfd);
     close(ctx->wakefd);
+    close(ctx->timerfd);
     free(ctx->watches);
     free(ctx->heap);
     pthread_cond_destroy(&ctx->called);

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "fast_internal.h"
+#include "priority.h"
 
 int64_t sf_now_ns(void) {
     struct timespec ts;
@@ -18,12 +19,7 @@ sf_ctx *sf_ctx_new(const struct sc_dp *dp, int paths) {
     sf_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return NULL;
-    pthread_mutexattr_t recursive;
-    pthread_mutexattr_init(&recursive);
-    pthread_mutexattr_settype(&recursive, PTHREAD_MUTEX_RECURSIVE);
-    int failed = pthread_mutex_init(&ctx->lock, &recursive);
-    pthread_mutexattr_destroy(&recursive);
-    if (failed) {
+    if (sc_mutex_init(&ctx->lock, 1)) {
         free(ctx);
         return NULL;
     }

@@ -231,8 +231,10 @@ struct sc_ctx {
     pthread_mutex_t lock;
     pthread_t thread;
     int epfd;   /* the sockets: callers' passes and blocking waits wait on it */
-    int wakefd; /* the progress thread's alone: a stop, or a timer earlier than its wait */
-    int pfd;    /* the progress thread's wait: epfd and wakefd */
+    int wakefd;  /* the progress thread's alone: a stop, or output for it to send */
+    int timerfd; /* the progress thread's first deadline (CLOCK_MONOTONIC), re-armed by whoever sets one */
+    int pfd;     /* the progress thread's wait: epfd, wakefd and timerfd */
+    int64_t armed_until; /* what the timerfd is armed for (INT64_MAX or 0: not armed) */
     int stopping;
     int64_t sleep_until; /* when the progress thread's wait ends by itself (0: not waiting) */
     int parked;          /* its wait is a parked one: it looks at the timers again within SC_DRIVE_GRACE_NS */
@@ -276,6 +278,8 @@ uint64_t sc_watch_add(struct sc_ctx *ctx, int fd, int kind, void *obj, int want_
 void sc_watch_mod(struct sc_ctx *ctx, int fd, uint64_t watch, int want_write);
 void sc_watch_del(struct sc_ctx *ctx, int fd, uint64_t watch);
 void sc_engine_wake(struct sc_ctx *ctx);
+/* Arm the progress thread's timerfd for `until` (CLOCK_MONOTONIC ns; INT64_MAX: disarm). Lock held. */
+void sc_engine_arm(struct sc_ctx *ctx, int64_t until);
 /* A non-blocking pass on a caller's thread, which parks the progress thread for SC_DRIVE_GRACE_NS. */
 void sc_drive(struct sc_ctx *ctx);
 /* A non-blocking pass on a caller's thread that leaves the progress thread as it is: both take what comes. */

@@ -2,6 +2,8 @@
 #ifndef SHIFT_CORE_PRIORITY_H
 #define SHIFT_CORE_PRIORITY_H
 
+#include <pthread.h>
+
 #define SC_SHORT_SLICE_NS 100000 /* the kernel's least custom slice */
 
 enum sc_priority {
@@ -14,5 +16,10 @@ enum sc_priority {
  * first of: SCHED_FIFO priority 1 (unless SHIFT_REALTIME=0; it needs CAP_SYS_NICE or an RLIMIT_RTPRIO),
  * a short slice. Says which it got. */
 enum sc_priority sc_thread_prefer_latency(void);
+
+/* A mutex that the core's threads share with the application's (a context's lock): priority-inheriting,
+ * so that a core thread waiting for it lends its priority to the holder; recursive when asked. Falls back
+ * to a plain one where the system has no priority inheritance. 0, or an errno. */
+int sc_mutex_init(pthread_mutex_t *mutex, int recursive);
 
 #endif

@@ -78,10 +78,11 @@ void sc_timer_set(struct sc_qp *qp, int which, int64_t due) {
         sift_up(ctx, ctx->heap_len - 1);
     } else if (qp->due < before) sift_up(ctx, qp->heap_pos - 1);
     else sift_down(ctx, qp->heap_pos - 1);
-    /* the progress thread's wait must end by the new deadline; a wake-up costs a thread switch. A parked
-     * thread is not woken: a caller driving progress fires the timer on its passes, or the thread does
-     * when it looks again, at most SC_DRIVE_GRACE_NS late */
-    if (qp->due && ctx->sleep_until && qp->due < ctx->sleep_until && !ctx->parked) sc_engine_wake(ctx);
+    /* the progress thread's wait must end by the new deadline: its timerfd says when, without waking it */
+    if (qp->due && ctx->sleep_until && qp->due < ctx->sleep_until) {
+        sc_engine_arm(ctx, qp->due);
+        ctx->sleep_until = qp->due;
+    }
 }
 
 int64_t sc_timers_first(const struct sc_ctx *ctx) { return ctx->heap_len ? ctx->heap[0]->due : 0; }

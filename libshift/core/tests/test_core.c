@@ -1,11 +1,14 @@
 /* Unit tests of the C core, built with ASan and UBSan by tests/core/test_core_c.py.
  * Prints "N passed, M failed" and exits non-zero on any failure. */
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -14,6 +17,7 @@
 
 #include "../fast_internal.h"
 #include "../linkwatch.h"
+#include "../priority.h"
 #include "check.h"
 #include "pair.h"
 
@@ -382,6 +386,90 @@ static void hook_note(void *arg) {
 }
 
 static int calls_of(struct hook_seen *seen) { return __atomic_load_n(&seen->calls, __ATOMIC_ACQUIRE); }
+
+/* A post arms its ack deadline on the progress thread's timerfd, from the posting thread: the thread's wait
+ * ends by then without a wake-up to shorten it (which cost a thread switch per message). */
+static void test_a_post_arms_the_progress_threads_timer(void) {
+    static uint8_t mem[64];
+    int fds[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds) == 0);
+    sc_ctx *ctx = sc_ctx_new();
+    sc_pd *pd = sc_pd_new(ctx);
+    sc_cq *cq = sc_cq_new(ctx, 64, NULL, 1);
+    sc_mr *mr = sc_mr_reg(pd, mem, sizeof mem, ACCESS_LOCAL_WRITE);
+    sc_qp *qp = qp_on_fd(pd, cq, fds[0], 1, 2);
+    usleep(20000); /* the progress thread is asleep, nothing armed */
+    pthread_mutex_lock(&ctx->lock);
+    CHECK(sc_timers_first(ctx) == 0 && ctx->sleep_until == INT64_MAX);
+    pthread_mutex_unlock(&ctx->lock);
+    struct sc_sge sge = {(uint64_t)(uintptr_t)mem, 4, sc_mr_lkey(mr)};
+    struct sc_send_wr send = {.wr_id = 1, .opcode = WR_SEND, .num_sge = 1, .sg = &sge};
+    int posted;
+    CHECK(sc_qp_post_send(qp, &send, 1, &posted) == SC_POST_OK && posted == 1);
+    pthread_mutex_lock(&ctx->lock);
+    int64_t due = sc_timers_first(ctx);
+    CHECK(due > sc_now() && qp->timer[T_DEADLINE] == due);
+    CHECK(ctx->armed_until == due && ctx->sleep_until == due); /* armed by this thread; still asleep */
+    pthread_mutex_unlock(&ctx->lock);
+    struct itimerspec left;
+    CHECK(timerfd_gettime(ctx->timerfd, &left) == 0 && (left.it_value.tv_sec || left.it_value.tv_nsec));
+    sc_ctx_free(ctx); /* frees the QP, its CQ, MR and PD with it */
+    close(fds[1]);
+}
+
+struct holder_wait {
+    pthread_mutex_t *lock;
+    int realtime;
+};
+
+static void *take_in_real_time(void *arg) {
+    struct holder_wait *w = arg;
+    w->realtime = sc_thread_prefer_latency() == SC_PRIORITY_REALTIME;
+    pthread_mutex_lock(w->lock);
+    pthread_mutex_unlock(w->lock);
+    return NULL;
+}
+
+/* The kernel's priority of the calling thread (/proc's stat field 18: 20 + nice for SCHED_OTHER, below 0
+ * for real time, a boost included). */
+static int own_priority(void) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/self/task/%ld/stat", (long)syscall(SYS_gettid));
+    FILE *f = fopen(path, "r");
+    if (!f) return 99;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *at = strrchr(buf, ')'); /* the command may hold spaces */
+    int field = 2, priority = 99;
+    for (char *tok = strtok(at + 1, " "); tok; tok = strtok(NULL, " "))
+        if (++field == 18) priority = atoi(tok);
+    return priority;
+}
+
+/* A context's lock lends a real-time waiter's priority to its holder (priority.c): a core thread that
+ * waits for the application's thread to let go does not wait behind every other task of the machine. */
+static void test_a_lock_lends_its_waiters_priority(void) {
+    pthread_mutex_t lock;
+    CHECK(sc_mutex_init(&lock, 1) == 0);
+    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&lock); /* recursive */
+    int before = own_priority();
+    struct holder_wait w = {.lock = &lock};
+    pthread_t waiter;
+    CHECK(pthread_create(&waiter, NULL, take_in_real_time, &w) == 0);
+    int boosted = before;
+    for (int i = 0; i < 2000 && boosted >= before; i++) {
+        usleep(1000);
+        boosted = own_priority();
+    }
+    if (w.realtime) CHECK(before >= 0 && boosted < 0); /* without CAP_SYS_NICE there is nothing to lend */
+    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&lock);
+    pthread_join(waiter, NULL);
+    CHECK(own_priority() == before);
+    pthread_mutex_destroy(&lock);
+}
 
 /* A CQ's hook is called by its context's progress thread, outside the lock, once it has made a completion
  * there, with no caller polling; after sc_cq_set_filled(NULL) no more. */
@@ -1036,6 +1124,8 @@ int main(void) {
     test_the_last_request_asks_for_its_ack();
     test_the_link_watch_reads_link_messages();
     test_the_link_watch_raises_its_marks();
+    test_a_post_arms_the_progress_threads_timer();
+    test_a_lock_lends_its_waiters_priority();
     test_a_peek_takes_what_the_progress_thread_made();
     test_the_progress_thread_calls_a_cqs_hook();
     test_a_look_leaves_the_progress_thread_awake();
