@@ -10,12 +10,18 @@ Memory: the same program with the bare provider's QPs (--plain: no backup QP, no
 gives the baseline; the resident memory the QPs add (after connecting and streaming), shift minus plain,
 divided by the QP count, is what each backup costs (backup QP, its connection, control MRs, ledger).
 
-    sudo .venv/bin/python bench/many_qp_failover.py [--qps 1000] [--trials 3]
+With --steps both peers keep the moments of their switches' steps (libshift.shift.steps), and a second table
+gives, per host and step, when the first QP, half of them and the last one took it: the core's part of the
+storm against the application's (the sender's Python loop over every QP, and the order that tells it t0).
+
+    sudo .venv/bin/python bench/many_qp_failover.py [--qps 1000] [--trials 3] [--steps]
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
+from collections import defaultdict
 from typing import Any
 
 from failover_lab import Pair, arguments, lab_for, progress, save, summary, switch_port
@@ -40,10 +46,14 @@ def added_rss(pair: Pair, done: tuple[dict[str, Any], dict[str, Any]]) -> dict[s
     }
 
 
-def failovers(lab: Lab, qps: int, trials: int) -> tuple[list[dict[str, float]], float, dict[str, float]]:
-    samples = []
+def failovers(
+    lab: Lab, qps: int, trials: int, keep_steps: bool
+) -> tuple[list[dict[str, float]], float, dict[str, float], dict[str, list[float]]]:
+    samples, windows = [], []
     progress(f"connecting {qps} shift QPs...")
-    with Pair(lab, *STREAM, "--qps", str(qps), connect_timeout=600) as pair:
+    with Pair(
+        lab, *STREAM, "--qps", str(qps), *(["--steps"] if keep_steps else []), connect_timeout=600
+    ) as pair:
         connect_s = max(end["connected_s"] for end in pair.connected)
         pair.sender.send(stream=True)
         pair.settle()
@@ -54,6 +64,7 @@ def failovers(lab: Lab, qps: int, trials: int) -> tuple[list[dict[str, float]], 
             if not resumed["resumed"]:
                 raise SystemExit(f"trial {i + 1}: only {resumed['qps']} of {qps} QPs resumed: {resumed}")
             samples.append({k: (resumed[f"{k}_ns"] - t0) / 1e6 for k in ("first", "median", "all")})
+            windows.append((t0, resumed["all_ns"]))
             switch_port(lab, "h0", up=True)
             pair.settle()
             progress(f"{qps} QPs: trial {i + 1}/{trials}, all resumed after {samples[-1]['all']:.1f} ms")
@@ -61,7 +72,26 @@ def failovers(lab: Lab, qps: int, trials: int) -> tuple[list[dict[str, float]], 
     errors = done[0]["errors"] + done[1]["errors"]
     if errors:
         raise SystemExit(f"errors reached the application: {errors}")
-    return samples, connect_s, added_rss(pair, done)
+    moments = {"h0": done[0]["steps"], "h1": done[1]["steps"]} if keep_steps else {}
+    return samples, connect_s, added_rss(pair, done), spread(moments, windows)
+
+
+def spread(moments: dict[str, list[list[Any]]], windows: list[tuple[int, int]]) -> dict[str, list[float]]:
+    """Per "host step", the medians over trials of when (ms after t0) the first QP, half of the QPs and the
+    last QP took the step: each QP's first moment of it between t0 and the trial's last resumed QP."""
+    per_trial: dict[str, list[list[float]]] = defaultdict(list)
+    for t0, end in windows:
+        for host, kept in moments.items():
+            firsts: dict[str, dict[int, int]] = defaultdict(dict)
+            for ns, qp, step in kept:
+                if t0 <= ns <= end:
+                    firsts[step].setdefault(qp, ns)
+            for step, by_qp in firsts.items():
+                times = sorted((ns - t0) / 1e6 for ns in by_qp.values())
+                per_trial[f"{host} {step}"].append([times[0], times[len(times) // 2], times[-1]])
+    return {
+        name: [statistics.median(col) for col in zip(*rows, strict=True)] for name, rows in per_trial.items()
+    }
 
 
 def print_table(
@@ -90,18 +120,40 @@ def print_table(
         print(f"{role:40} {plain:9.0f} {shift:9.0f} {(shift - plain) / qps:11.1f}")
 
 
+def print_steps(found: dict[str, list[float]], samples: list[dict[str, float]]) -> None:
+    print("\nwhere the time goes (ms after t0, medians over trials)\n")
+    header = f"{'host step':28} {'first QP':>9} {'half':>9} {'last QP':>9}"
+    print(header)
+    print("-" * len(header))
+    rows = sorted(found.items(), key=lambda item: item[1][0])
+    rows.append(
+        (
+            "h0 carries traffic again",
+            [summary([s[k] for s in samples])["median"] for k in ("first", "median", "all")],
+        )
+    )
+    for name, (first, half, last) in rows:
+        print(f"{name:28} {first:9.1f} {half:9.1f} {last:9.1f}")
+    print("\nswitch .. replay_posted: the core's steps (failover_downtime.py --steps says what each is);")
+    print("marked: the sender has t0 and posts one WR more on every QP; carries traffic again: a WR posted")
+    print("after the fault has completed, as the sender's loop over the QPs sees it.")
+
+
 def main() -> int:
     parser = arguments(__doc__.splitlines()[0], trials=3)
     parser.add_argument("--qps", type=int, default=1000, help="QPs on the one NIC (default 1000)")
+    parser.add_argument("--steps", action="store_true", help="also show when the QPs took each step")
     args = parser.parse_args()
     rss: dict[str, Any] = {}
     with lab_for(args) as lab:
         progress(f"baseline: {args.qps} plain QPs...")
         rss["plain"] = memory(lab, args.qps, plain=True)
-        samples, connect_s, rss["shift"] = failovers(lab, args.qps, args.trials)
+        samples, connect_s, rss["shift"], found = failovers(lab, args.qps, args.trials, args.steps)
     print(file=sys.stderr)
     print_table(args.qps, samples, connect_s, rss)
-    save(args, {"qps": args.qps, "trials": samples, "connect_s": connect_s, "rss_kib": rss})
+    if args.steps:
+        print_steps(found, samples)
+    save(args, {"qps": args.qps, "trials": samples, "connect_s": connect_s, "rss_kib": rss, "steps": found})
     return 0
 
 
