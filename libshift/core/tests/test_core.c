@@ -219,18 +219,40 @@ static void send_frame(int fd, const struct sc_hdr *hdr, const void *payload) {
     if (hdr->length) CHECK(send(fd, payload, hdr->length, 0) == (ssize_t)hdr->length);
 }
 
+/* One QP of a fresh context on one end of a socketpair, its peer played raw on the other (fds[1]), over a
+ * buffer registered with `access`. */
+struct raw_peer {
+    int fds[2];
+    sc_ctx *ctx;
+    sc_mr *mr;
+    sc_qp *qp;
+};
+
+static void raw_peer_open(struct raw_peer *r, uint8_t *mem, uint64_t len, uint32_t access) {
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, r->fds) == 0);
+    r->ctx = sc_ctx_new();
+    sc_pd *pd = sc_pd_new(r->ctx);
+    sc_cq *cq = sc_cq_new(r->ctx, 64, NULL, 1);
+    r->mr = sc_mr_reg(pd, mem, len, access);
+    r->qp = qp_on_fd(pd, cq, r->fds[0], 1, 2);
+}
+
+static void raw_peer_close(struct raw_peer *r) {
+    sc_ctx_free(r->ctx); /* frees the QP, its CQ, MR and PD with it */
+    close(r->fds[1]);
+}
+
 /* IB's AckReq: the requester flags the last request it has queued, and the responder acknowledges such a
  * request in the pass that executed it, not after its delayed-ACK timer (which a plain request waits for
  * unless SC_ACK_BATCH more come). The other end of the QP's socket is played raw. */
 static void test_the_last_request_asks_for_its_ack(void) {
     static uint8_t mem[64];
-    int fds[2];
-    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds) == 0);
-    sc_ctx *ctx = sc_ctx_new();
-    sc_pd *pd = sc_pd_new(ctx);
-    sc_cq *cq = sc_cq_new(ctx, 64, NULL, 1);
-    sc_mr *mr = sc_mr_reg(pd, mem, sizeof mem, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE);
-    sc_qp *qp = qp_on_fd(pd, cq, fds[0], 1, 2);
+    struct raw_peer r;
+    raw_peer_open(&r, mem, sizeof mem, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE);
+    sc_ctx *ctx = r.ctx;
+    sc_mr *mr = r.mr;
+    sc_qp *qp = r.qp;
+    int *fds = r.fds;
 
     struct sc_sge sge = {(uint64_t)(uintptr_t)mem, 4, sc_mr_lkey(mr)};
     struct sc_send_wr writes[2];
@@ -259,8 +281,7 @@ static void test_the_last_request_asks_for_its_ack(void) {
     CHECK(executed && acked_at_once && memcmp(mem + 8, "abcd", 4) == 0);
     struct sc_hdr ack;
     CHECK(read_frame(fds[1], &ack) && ack.op == SC_OP_ACK && ack.seq == 100);
-    sc_ctx_free(ctx); /* frees the QP, its CQ, MR and PD with it */
-    close(fds[1]);
+    raw_peer_close(&r);
 }
 
 /* One RTM_NEWLINK (or DELLINK) as the kernel sends it: the header, the ifinfomsg, an IFLA_MTU and (when
@@ -391,30 +412,25 @@ static int calls_of(struct hook_seen *seen) { return __atomic_load_n(&seen->call
  * ends by then without a wake-up to shorten it (which cost a thread switch per message). */
 static void test_a_post_arms_the_progress_threads_timer(void) {
     static uint8_t mem[64];
-    int fds[2];
-    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds) == 0);
-    sc_ctx *ctx = sc_ctx_new();
-    sc_pd *pd = sc_pd_new(ctx);
-    sc_cq *cq = sc_cq_new(ctx, 64, NULL, 1);
-    sc_mr *mr = sc_mr_reg(pd, mem, sizeof mem, ACCESS_LOCAL_WRITE);
-    sc_qp *qp = qp_on_fd(pd, cq, fds[0], 1, 2);
+    struct raw_peer r;
+    raw_peer_open(&r, mem, sizeof mem, ACCESS_LOCAL_WRITE);
+    sc_ctx *ctx = r.ctx;
     usleep(20000); /* the progress thread is asleep, nothing armed */
     pthread_mutex_lock(&ctx->lock);
     CHECK(sc_timers_first(ctx) == 0 && ctx->sleep_until == INT64_MAX);
     pthread_mutex_unlock(&ctx->lock);
-    struct sc_sge sge = {(uint64_t)(uintptr_t)mem, 4, sc_mr_lkey(mr)};
+    struct sc_sge sge = {(uint64_t)(uintptr_t)mem, 4, sc_mr_lkey(r.mr)};
     struct sc_send_wr send = {.wr_id = 1, .opcode = WR_SEND, .num_sge = 1, .sg = &sge};
     int posted;
-    CHECK(sc_qp_post_send(qp, &send, 1, &posted) == SC_POST_OK && posted == 1);
+    CHECK(sc_qp_post_send(r.qp, &send, 1, &posted) == SC_POST_OK && posted == 1);
     pthread_mutex_lock(&ctx->lock);
     int64_t due = sc_timers_first(ctx);
-    CHECK(due > sc_now() && qp->timer[T_DEADLINE] == due);
+    CHECK(due > sc_now() && r.qp->timer[T_DEADLINE] == due);
     CHECK(ctx->armed_until == due && ctx->sleep_until == due); /* armed by this thread; still asleep */
     pthread_mutex_unlock(&ctx->lock);
     struct itimerspec left;
     CHECK(timerfd_gettime(ctx->timerfd, &left) == 0 && (left.it_value.tv_sec || left.it_value.tv_nsec));
-    sc_ctx_free(ctx); /* frees the QP, its CQ, MR and PD with it */
-    close(fds[1]);
+    raw_peer_close(&r);
 }
 
 struct holder_wait {
