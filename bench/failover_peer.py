@@ -25,7 +25,8 @@ way, connects `--qps` QPs (one CQ for all), prints {"connected", "connected_s"},
                           (steps: with --steps, the moments of each switch's steps; libshift.shift.steps).
 
 The receiver re-posts receives (send mode) and echoes pings; in write and read mode it only has to be alive
-(its watcher threads answer the failover handshake). With nothing to do, a side busy-polls, or with --block
+(its watcher threads answer the failover handshake). With nothing to do, a side busy-polls (with --spin
+without ever sleeping), or with --block
 waits on a completion channel. Every completion is timed on CLOCK_MONOTONIC, which all
 processes of the machine share, so the orchestrator can compare with the instant it injected a fault.
 """
@@ -112,14 +113,20 @@ class Stack:
 
     def poll(self, wait: bool) -> list[WC]:
         """The CQ's completions; with `wait` and none there, block on the channel (--block, as perftest's -e)
-        for a while, or yield the interpreter to the provider's and the context's threads. The yield keeps
-        the thread runnable, as a busy poll is: time.sleep(0) put it to sleep, and the scheduler, seeing
-        two sleepers, ran both peers on one CPU (half round trips of 86-160 us where qperf took 27)."""
+        for a while, or yield the interpreter to the provider's and the context's threads: for an instant of
+        sleep, in which they can take its lock, or with --spin by sched_yield, which keeps this thread
+        runnable. A latency test spins: two peers that sleep an instant look idle to the scheduler, which
+        ran both on one CPU (half round trips of 86-160 us where qperf took 27). A failover test sleeps:
+        a spinning thread takes the interpreter lock back before the context's threads can, so each of
+        their steps waits for the interpreter's switch interval (5 ms), and a failback took seconds."""
         _, wcs = self.cq.poll(BATCH)
         if wcs or not wait:
             return wcs
         if self.verbs.channel is None:
-            os.sched_yield()
+            if self.args.spin:
+                os.sched_yield()
+            else:
+                time.sleep(0)
             return wcs
         wcs, woken = self.verbs.block(lambda: self.cq.poll(BATCH)[1], IDLE_WAIT)
         if woken is not None:
@@ -415,6 +422,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=16, help="outstanding WRs per QP")
     parser.add_argument("--signal-every", type=int, default=1)
     parser.add_argument("--block", action="store_true", help="wait on a completion channel, not busy")
+    parser.add_argument(
+        "--spin", action="store_true", help="busy-poll without sleeping (sched_yield): a latency test's poll"
+    )
     parser.add_argument("--timeout", type=int, default=QPAttr.timeout)
     parser.add_argument("--retry-cnt", type=int, default=QPAttr.retry_cnt)
     parser.add_argument("--steps", action="store_true", help="keep the moments of each switch's steps")

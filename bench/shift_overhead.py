@@ -31,7 +31,7 @@ TARGETS = {"bandwidth": (">=", 0.97), "latency": ("<=", 1.05)}
 
 def pairs(lab: Lab, args: argparse.Namespace) -> dict[tuple[str, str], Pair]:
     """A connected pair per metric and stack; idle pairs block, so they do not load the measured one."""
-    wait = ["--block"] if not args.busy else []
+    wait = ["--block"] if not args.busy else ["--spin"]
     bw = ["--mode", "write", "--size", str(args.bw_size), "--signal-every", "16"]
     lat = ["--mode", "send", "--size", "8"]
     made: dict[tuple[str, str], Pair] = {}
@@ -67,7 +67,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=0.5, help="length of each bandwidth burst")
     parser.add_argument("--bw-size", type=int, default=1 << 20, help="bytes per RDMA_WRITE (default 1 MiB)")
     parser.add_argument("--pings", type=int, default=300, help="ping-pongs per latency measurement")
-    parser.add_argument("--busy", action="store_true", help="busy-poll the CQs instead of blocking")
+    parser.add_argument(
+        "--busy", action="store_true", help="busy-poll the CQs (the peers spin) instead of blocking"
+    )
     args = parser.parse_args()
     runs: dict[str, dict[str, list[float]]] = {m: {s: [] for s in STACKS} for m in TARGETS}
     with lab_for(args) as lab:
