@@ -5,14 +5,14 @@
  * the lock. The first deadline is a timerfd in its wait set: a post that arms an earlier one (every post
  * on an idle QP arms its ack deadline) re-arms the timerfd itself, and the thread sleeps on; a wake-up to
  * shorten its wait cost a thread switch per message, and the woken thread, at real-time priority,
- * preempted the poster. A caller whose poll finds its CQ empty makes a non-blocking pass itself, and a blocking channel
- * wait waits on the sockets itself, so the thread that wants the data reads it, with no hand-off between
- * threads. While callers drive like this the progress thread is parked: it waits on its wake-up eventfd
- * alone, for SC_DRIVE_GRACE_NS after the last caller's pass (looking at timers when it ends), so that it
- * neither races the caller for the frame nor costs a wake-up per message. Output that waits for room in
- * a socket unparks it unless a blocking wait is under way: it sends while the caller works. An epoll entry names a watch
- * slot with a generation, never a pointer, so an event that arrives for a connection closed in the
- * meantime is recognised and dropped.
+ * preempted the poster. A caller whose poll finds its CQ empty makes a non-blocking pass itself, and a
+ * blocking channel wait waits on the sockets itself, so the thread that wants the data reads it, with no
+ * hand-off between threads. While callers drive like this the progress thread is parked: it waits on its
+ * wake-up eventfd and its timerfd alone, for SC_DRIVE_GRACE_NS after the last caller's pass (looking at
+ * timers when it ends), so that it neither races the caller for the frame nor costs a wake-up per message.
+ * Output that waits for room in a socket unparks it unless a blocking wait is under way: it sends while
+ * the caller works. An epoll entry names a watch slot with a generation, never a pointer, so an event that
+ * arrives for a connection closed in the meantime is recognised and dropped.
  */
 #include <errno.h>
 #include <poll.h>
@@ -126,8 +126,7 @@ void sc_engine_arm(struct sc_ctx *ctx, int64_t until) {
     struct itimerspec at = {0}; /* all zero: disarmed */
     if (until != INT64_MAX) {
         at.it_value.tv_sec = until / 1000000000;
-        at.it_value.tv_nsec = until % 1000000000;
-        if (!at.it_value.tv_sec && !at.it_value.tv_nsec) at.it_value.tv_nsec = 1; /* zero would disarm */
+        at.it_value.tv_nsec = until % 1000000000; /* a CLOCK_MONOTONIC time is never 0 (which disarms) */
     }
     if (timerfd_settime(ctx->timerfd, TFD_TIMER_ABSTIME, &at, NULL) == 0) ctx->armed_until = until;
 }
