@@ -183,10 +183,7 @@ cdef class Channel(Guarded):
         cdef int got, ms
         cdef bint drive = True
         end = None if timeout is None else monotonic() + timeout
-        if not self.enter():
-            return None
-        if not self.ctx.enter():
-            self.leave()
+        if not self.hold():
             return None
         try:
             while not self.ctx.closed and not self.closed:
@@ -204,8 +201,20 @@ cdef class Channel(Guarded):
                 drive = False
             return None
         finally:
-            self.ctx.leave()
+            self.let_go()
+
+    cdef bint hold(self):
+        """Count a wait in, on the channel and its context (False: either is closed; nothing counted)."""
+        if not self.enter():
+            return False
+        if not self.ctx.enter():
             self.leave()
+            return False
+        return True
+
+    cdef void let_go(self):
+        self.ctx.leave()
+        self.leave()
 
     def wake(self):
         if not self.ctx.closed and not self.closed:

@@ -216,14 +216,21 @@ cdef class Channel(Used):
         cdef int got, ms = -1
         if timeout is not None:
             ms = max(0, int(timeout * 1000 + 0.999))
-        if not self.enter():
+        if not self.hold():
             return None
         try:
             with nogil:
                 got = v.sv_chan_wait(self.ptr, ms, 0, &cookie)
         finally:
-            self.leave()
+            self.let_go()
         return cookie if got == 1 and not self.closed else None
+
+    cdef bint hold(self):
+        """Count a wait in (False: the channel is closed; nothing counted)."""
+        return self.enter()
+
+    cdef void let_go(self):
+        self.leave()
 
     def take(self):
         """As wait, without waiting."""

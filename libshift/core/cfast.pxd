@@ -18,11 +18,14 @@ cdef extern from "fastpath.h" nogil:
         pass
     ctypedef struct sf_qp:
         pass
+    ctypedef struct sf_chan:
+        pass
 
     enum:
         SF_PATHS
         SF_MODE_PYTHON, SF_MODE_FAST
-        SF_DEFER_WC, SF_DEFER_OVERFLOW, SF_DEFER_NOTIFY
+        SF_DEFER_WC, SF_DEFER_OVERFLOW
+        SF_WAIT_NONE, SF_WAIT_EVENT, SF_WAIT_WOKEN, SF_WAIT_PASS
         SF_NEWS_MAX
 
     enum sf_post:
@@ -76,12 +79,20 @@ cdef extern from "fastpath.h" nogil:
     int sf_ctx_link_is_down(const sf_ctx *ctx, int path)
     void sf_ctx_link_up(sf_ctx *ctx, int path)
 
-    sf_cq *sf_cq_new(sf_ctx *ctx, uint32_t cqe, void *const *path_cqs, uint64_t cookie)
+    sf_cq *sf_cq_new(sf_ctx *ctx, uint32_t cqe, void *const *path_cqs, uint64_t cookie, sf_chan *chan)
     void sf_cq_free(sf_cq *cq)
-    int sf_cq_push(sf_cq *cq, const sc_wc *wc, int *notify)
+    int sf_cq_push(sf_cq *cq, const sc_wc *wc)
     int sf_cq_take(sf_cq *cq, int n, sc_wc *out)
     uint32_t sf_cq_ready(const sf_cq *cq)
     void sf_cq_arm(sf_cq *cq)
+
+    sf_chan *sf_chan_new(sf_ctx *ctx)
+    void sf_chan_free(sf_chan *chan)
+    void sf_chan_raise(sf_chan *chan, uint64_t cookie)
+    void sf_chan_wake(sf_chan *chan)
+    int sf_chan_wait(sf_chan *chan, void *serve, int timeout_ms, uint64_t *cookie)
+    int64_t sf_ctx_watch_begin(sf_ctx *ctx)
+    void sf_ctx_watch_end(sf_ctx *ctx)
 
     sf_qp *sf_qp_new(sf_ctx *ctx, sf_cq *send_cq, sf_cq *recv_cq, uint32_t max_send_wr, uint32_t max_recv_wr,
                      uint32_t max_sge, uint32_t max_inline, int sig_all)

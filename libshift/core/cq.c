@@ -211,10 +211,10 @@ sc_cq *sc_cq_new(sc_ctx *ctx, uint32_t cqe, sc_chan *chan, uint64_t cookie) {
 
 int sc_cq_push(struct sc_cq *cq, const struct sc_wc *wc, int solicited) {
     if (cq->closed) return 1; /* nobody will poll it: as good as consumed */
-    if (cq->overflowed || cq->count >= cq->cqe) cq->overflowed = 1;
+    if (cq->overflowed || cq->count >= cq->cqe) __atomic_store_n(&cq->overflowed, 1, __ATOMIC_RELAXED);
     else {
         cq->ring[(cq->head + cq->count) % cq->cqe] = *wc;
-        cq->count++;
+        __atomic_store_n(&cq->count, cq->count + 1, __ATOMIC_RELEASE); /* a peek reads it without the lock */
     }
     if (cq->filled) cq->fresh = cq->ctx->fresh = 1;
     int armed = cq->armed;
@@ -233,7 +233,7 @@ static int take(struct sc_cq *cq, int n, struct sc_wc *out) {
     while (got < n && cq->count) {
         out[got++] = cq->ring[cq->head];
         cq->head = (cq->head + 1) % cq->cqe;
-        cq->count--;
+        __atomic_store_n(&cq->count, cq->count - 1, __ATOMIC_RELAXED);
     }
     return got;
 }
@@ -242,6 +242,11 @@ enum { PEEK, DRIVE, LOOK };
 
 static int poll_cq(sc_cq *cq, int n, struct sc_wc *out, int how) {
     struct sc_ctx *ctx = cq->ctx;
+    /* a peek of a CQ with nothing in it costs no lock: the fast path peeks at every backup path's CQs on
+     * every pass (a completion pushed meanwhile is the next peek's, as if this one came a moment earlier) */
+    if (how == PEEK && !__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE) &&
+        !__atomic_load_n(&cq->overflowed, __ATOMIC_RELAXED))
+        return 0;
     pthread_mutex_lock(&ctx->lock);
     if (how != PEEK && !cq->count && !cq->overflowed) { /* a busy poll moves its own data */
         if (how == DRIVE) sc_drive(ctx);

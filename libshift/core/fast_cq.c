@@ -4,13 +4,14 @@
 
 #include "fast_internal.h"
 
-sf_cq *sf_cq_new(sf_ctx *ctx, uint32_t cqe, void *const *path_cqs, uint64_t cookie) {
+sf_cq *sf_cq_new(sf_ctx *ctx, uint32_t cqe, void *const *path_cqs, uint64_t cookie, sf_chan *chan) {
     sf_cq *cq = calloc(1, sizeof *cq);
     if (!cq)
         return NULL;
     cq->ctx = ctx;
     cq->cqe = cqe ? cqe : 1;
     cq->cookie = cookie;
+    cq->chan = chan;
     for (int path = 0; path < ctx->paths; path++)
         cq->on[path] = path_cqs[path];
     cq->ready = calloc(cq->cqe, sizeof *cq->ready);
@@ -30,12 +31,13 @@ void sf_cq_free(sf_cq *cq) {
     free(cq);
 }
 
-int sf_cq_push(sf_cq *cq, const struct sc_wc *wc, int *notify) {
+int sf_cq_push(sf_cq *cq, const struct sc_wc *wc) {
     if (cq->overflowed || cq->count >= cq->cqe)
         cq->overflowed = 1;
     else
         cq->ready[(cq->head + cq->count++) % cq->cqe] = *wc;
-    *notify = cq->armed; /* an overflow too: a waiter must wake to meet the error */
+    if (cq->armed && cq->chan) /* an overflow too: a waiter must wake to meet the error */
+        sf_chan_raise(cq->chan, cq->cookie);
     cq->armed = 0;
     return cq->overflowed ? -1 : 0;
 }

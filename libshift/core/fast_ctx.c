@@ -182,9 +182,7 @@ int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, uint32_t qpn, struct sf_defer
     uint32_t cap = ctx->deferred_cap;
     for (uint32_t i = 0; i < ctx->deferred_count; i++) {
         struct sf_deferred *item = &ctx->deferred[(ctx->deferred_head + i) % cap];
-        int ours = item->kind == SF_DEFER_WC && item->path == (uint32_t)path && item->wc.qp_num == qpn;
-        int wanted = item->kind == SF_DEFER_NOTIFY || ours;
-        if (!wanted)
+        if (item->kind != SF_DEFER_WC || item->path != (uint32_t)path || item->wc.qp_num != qpn)
             continue;
         *out = *item;
         for (uint32_t j = i; j + 1 < ctx->deferred_count; j++) /* close the gap: the rest keep their order */

@@ -37,6 +37,7 @@ struct sf_cq {
     uint32_t cqe, head, count;
     int overflowed, armed;
     uint64_t cookie;
+    sf_chan *chan; /* where its events go (NULL: none) */
 };
 
 /* Where a fast-mode QP is in a switch (fast_switch.c). */
@@ -101,6 +102,12 @@ struct sf_ctx {
     uint32_t links_acted; /* the bits of links_down a pass has acted on */
     int news;             /* a QP has news since sf_ctx_take_news */
     sf_qp *work, *work_tail; /* QPs with a switch or a resume to make, in the order they asked */
+    /* the channels' waits (fast_chan.c) */
+    sf_chan *chans;
+    sf_chan *leader;      /* the channel whose waiter leads now (NULL: none) */
+    void *leading_on;     /* the provider channel it waits on, while it waits there (NULL: it does not) */
+    int64_t led_ns;       /* when the last leader left */
+    int watching;         /* the default path's watcher is on the provider channel */
 };
 
 int sf_queue_init(struct sf_queue *q, uint32_t cap, uint32_t max_sge, uint32_t max_inline);

@@ -198,24 +198,15 @@ void sf_qp_to_python(sf_qp *qp, int path, const struct sc_wc *wc) {
     sf_ctx_defer(qp->ctx, &item);
 }
 
-static void push(sf_qp *qp, sf_cq *cq, const struct sc_wc *wc, int *overflowed) {
-    int notify = 0;
-    *overflowed |= sf_cq_push(cq, wc, &notify) < 0;
-    if (notify) {
-        struct sf_deferred item = {.kind = SF_DEFER_NOTIFY, .cookie = cq->cookie};
-        sf_ctx_defer(qp->ctx, &item);
-    }
-}
-
 /* Hand the application every completion at the heads of the queues, in posting order. */
 void sf_qp_release(sf_qp *qp) {
     int overflowed = 0;
     struct sf_entry *e;
     while ((e = sf_queue_pop_done(&qp->sq)))
         if (e->signaled || e->wc.status)
-            push(qp, qp->send_cq, &e->wc, &overflowed);
+            overflowed |= sf_cq_push(qp->send_cq, &e->wc) < 0;
     while ((e = sf_queue_pop_done(&qp->rq)))
-        push(qp, qp->recv_cq, &e->wc, &overflowed);
+        overflowed |= sf_cq_push(qp->recv_cq, &e->wc) < 0;
     if (overflowed) { /* the QP must fail, as on an RNIC: that is the failover layer's to do */
         qp->mode = SF_MODE_PYTHON;
         struct sf_deferred item = {.kind = SF_DEFER_OVERFLOW, .wc = {.qp_num = qp->qpn[0]}};

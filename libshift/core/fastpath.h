@@ -9,7 +9,8 @@
  * (libshift.shift), which hands it over both ways: sf_qp_export before it acts, sf_qp_import_* when the
  * QP is back in its steady state. Anything unusual met here (an error completion, a control WR's
  * completion, one from another path, a full application CQ) gives the ledger up at once and leaves the
- * completion, in order, in the context's deferred queue for Python. An armed CQ's event goes there too.
+ * completion, in order, in the context's deferred queue for Python. An armed CQ's event is raised on its
+ * channel at once (fast_chan.c).
  *
  * One mutex per context serializes the calls: the Cython face takes it around each (sf_ctx_lock), with
  * no Python run while it is held, and the link watch's thread takes it to fail QPs over the moment it
@@ -33,6 +34,7 @@
 typedef struct sf_ctx sf_ctx;
 typedef struct sf_cq sf_cq;
 typedef struct sf_qp sf_qp;
+typedef struct sf_chan sf_chan;
 
 enum sf_mode { SF_MODE_PYTHON = 0, SF_MODE_FAST = 1 };
 
@@ -40,7 +42,6 @@ enum sf_mode { SF_MODE_PYTHON = 0, SF_MODE_FAST = 1 };
 enum sf_deferred_kind {
     SF_DEFER_WC = 0,       /* a provider completion of `path` for the failover layer */
     SF_DEFER_OVERFLOW = 1, /* the QP (wc.qp_num, its default QPN) overflowed its CQ: it must fail */
-    SF_DEFER_NOTIFY = 2,   /* the armed CQ `cookie` got a completion: tell its channel */
 };
 
 /* What a switch made here tells the failover layer (sf_qp_news), so that its view of the QP follows. */
@@ -105,10 +106,9 @@ int sf_ctx_drain(sf_ctx *ctx, sf_cq *cq, int path);
 /* The oldest deferred item into *out: 1, or 0 when there is none. */
 int sf_ctx_next_deferred(sf_ctx *ctx, struct sf_deferred *out);
 int sf_ctx_has_deferred(const sf_ctx *ctx);
-/* The oldest deferred completion of provider QP `qpn` on `path`, or CQ event, into *out, taken out of the
- * queue (the items before it, of other QPs and of other paths stay, in order): what a switch's drain of
- * the path it leaves must see at once (and the events it raised, so that no waiter waits for the next
- * pass). Another QP's error there is not its business: handed over inside the switch, it would start that
+/* The oldest deferred completion of provider QP `qpn` on `path` into *out, taken out of the queue (the
+ * items before it, of other QPs and of other paths stay, in order): what a switch's drain of the path it
+ * leaves must see at once. Another QP's error there is not its business: handed over inside the switch, it would start that
  * QP's switch inside this one, and with a thousand QPs on one CQ the switches nested a thousand deep. */
 int sf_ctx_next_deferred_on(sf_ctx *ctx, int path, uint32_t qpn, struct sf_deferred *out);
 /* The word whose bit `path` says the path's link was seen down: the link watch raises a bit from its own
@@ -139,16 +139,49 @@ int sf_ctx_backup_hot(const sf_ctx *ctx);
  * SF_SWITCH_LOOK_NS of it, a look, which leaves their progress threads awake to take them at once. */
 void sf_ctx_heat_backups(sf_ctx *ctx);
 
-/* A CQ of cqe entries over one provider CQ per path; cookie names it in SF_DEFER_NOTIFY. */
-sf_cq *sf_cq_new(sf_ctx *ctx, uint32_t cqe, void *const *path_cqs, uint64_t cookie);
+/* A CQ of cqe entries over one provider CQ per path; cookie names it in its channel's events (chan: NULL for
+ * none). Its default path's provider CQ reports to the channel the applications' waits serve on. */
+sf_cq *sf_cq_new(sf_ctx *ctx, uint32_t cqe, void *const *path_cqs, uint64_t cookie, sf_chan *chan);
 void sf_cq_free(sf_cq *cq);
-/* A completion released to the application: 0, or -1 once the CQ has overflowed (it is lost). *notify
- * says an armed CQ was disarmed by it: its channel must be told. */
-int sf_cq_push(sf_cq *cq, const struct sc_wc *wc, int *notify);
+/* A completion released to the application: 0, or -1 once the CQ has overflowed (it is lost). An armed CQ
+ * is disarmed by it and raises an event on its channel (an overflow too: a waiter must wake to meet it). */
+int sf_cq_push(sf_cq *cq, const struct sc_wc *wc);
 /* Up to n released completions, oldest first; -1 once the CQ has overflowed. */
 int sf_cq_take(sf_cq *cq, int n, struct sc_wc *out);
 uint32_t sf_cq_ready(const sf_cq *cq);
 void sf_cq_arm(sf_cq *cq);
+
+/* -- completion channels (fast_chan.c) -------------------------------------------------------------------- */
+
+/* A channel: the events of its armed CQs, raised in C wherever a completion is released. Its waits make the
+ * progress themselves: of the threads waiting on a context's channels, one at a time (the leader) waits on
+ * the default path's provider channel `serve` (driving its transport) and makes the pass that releases the
+ * completions, on its own thread, as a bare channel's waiter does; the others wait on their channel's
+ * eventfd, written when an event is raised for them, and when the leader leaves (one of them leads next).
+ * While a backup path is hot nobody leads: the context's watcher threads make progress and raise the
+ * events. Every call but sf_chan_wait is made holding the context's mutex; sf_chan_wait takes it itself. */
+enum sf_wait {
+    SF_WAIT_NONE = 0,  /* the time is up */
+    SF_WAIT_EVENT = 1, /* *cookie: an armed CQ of the channel got a completion */
+    SF_WAIT_WOKEN = 2, /* sf_chan_wake, or the provider channel's wake-up (its close) */
+    SF_WAIT_PASS = 3,  /* the deferred queue holds items: make a pass in Python (hand them over), wait again */
+};
+#define SF_SERVE_GRACE_NS 10000000 /* the default path's watcher keeps off `serve` this long after a leader */
+#define SF_HANDOFF_NS 1000000      /* a leader's longest wait while the watcher may be on `serve` too */
+
+sf_chan *sf_chan_new(sf_ctx *ctx);
+/* Its CQs forget it (their events are dropped); its waiters must have left (sf_chan_wake). */
+void sf_chan_free(sf_chan *chan);
+/* An event of the CQ `cookie` (the failover layer's, or Python's own wake-up of a waiter). */
+void sf_chan_raise(sf_chan *chan, uint64_t cookie);
+void sf_chan_wake(sf_chan *chan);
+/* Wait up to timeout_ms (-1: no limit) for an event; `serve` (the backend's channel of the default path, or
+ * NULL: follow only) as above. Called without the mutex, and without the interpreter lock. */
+int sf_chan_wait(sf_chan *chan, void *serve, int timeout_ms, uint64_t *cookie);
+/* The default path's watcher, before it makes its pass and waits on `serve`: 0, and it is on it until
+ * sf_ctx_watch_end; or the ns to keep off it (a waiter leads, or did within SF_SERVE_GRACE_NS). */
+int64_t sf_ctx_watch_begin(sf_ctx *ctx);
+void sf_ctx_watch_end(sf_ctx *ctx);
 
 /* A QP: its application caps and sq_sig_all; the provider QPs are added per path. */
 sf_qp *sf_qp_new(sf_ctx *ctx, sf_cq *send_cq, sf_cq *recv_cq, uint32_t max_send_wr, uint32_t max_recv_wr,

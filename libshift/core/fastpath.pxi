@@ -1,8 +1,9 @@
 # The Cython face of the fast path of shift QPs (fastpath.h), included by _core.pyx and _verbs.pyx after
-# their CQ and QP classes, with DATAPATH (the backend's data-path table) in scope; it needs `c` (cshift),
-# `f` (cfast), wc_of, SendWRs, RecvWRs and sge_array (face.pxi). Each C call is made holding the context's
-# mutex (fastpath.h: the link watch's thread may fail QPs over at the same time), and no Python runs while
-# it is held: a thread waiting for it holds the interpreter lock. A closed object does nothing.
+# their Channel, CQ and QP classes, with DATAPATH (the backend's data-path table) in scope; it needs `c`
+# (cshift), `f` (cfast), monotonic, and Guarded, wc_of, SendWRs, RecvWRs and sge_array (face.pxi). Each C
+# call is made holding the context's mutex (fastpath.h: the link watch's thread may fail QPs over at the
+# same time), and no Python runs while it is held: a thread waiting for it holds the interpreter lock. A
+# closed object does nothing.
 
 from libc.stdint cimport int64_t, uintptr_t
 
@@ -10,7 +11,8 @@ from libshift.vocabulary.errors import CQOverflowError
 from libshift.vocabulary.wr import SGE, WC
 
 FAST_POSTED, FAST_NEW_RKEY, FAST_NOT_FAST, FAST_QUEUE_FULL, FAST_REFUSED = range(5)
-DEFER_WC, DEFER_OVERFLOW, DEFER_NOTIFY = range(3)
+DEFER_WC, DEFER_OVERFLOW = range(2)
+PASS = -1  # FastChannel.wait: the deferred queue holds items, make a pass (FastContext.progress) first
 NEWS_SWITCHED, NEWS_RESUMED = 1, 2
 REASON_NIC_EVENT, REASON_PEER = 1, 2
 DEF FAST_BATCH = 64
@@ -25,10 +27,11 @@ cdef c.sc_wc wc_to_c(object wc):
 
 cdef class FastContext:
     """The fast path of a ShiftContext's QPs: `handler(kind, path, cookie, wc)` is called, under `lock`,
-    for each deferred item (a completion for the failover layer, a QP that overflowed its CQ, an armed CQ's
-    event), in the order they happened."""
+    for each deferred item (a completion for the failover layer, a QP that overflowed its CQ), in the order
+    they happened."""
     cdef f.sf_ctx *ptr
     cdef object lock, handler
+    cdef Channel serve  # the default path's channel, where a FastChannel's leading wait waits
     cdef list controls  # the control CQs the context reads: kept alive while it may
     cdef int children  # FastCQs and FastQPs not yet closed: the C context goes after the last of them
     cdef bint closing
@@ -153,6 +156,27 @@ cdef class FastContext:
         if self.ptr is not NULL:
             f.sf_ctx_link_up(self.ptr, path)
 
+    def set_serve(self, Channel channel):
+        """The default path's channel (its watcher's): the FastChannels' waits lead there."""
+        self.serve = channel
+
+    def watch_begin(self):
+        """The default path's watcher is about to make a pass and wait on the serving channel: 0.0, or the
+        seconds to keep off it (an application's wait leads there, or did a moment ago)."""
+        cdef int64_t rest
+        if self.ptr is NULL:
+            return 0.0
+        f.sf_ctx_lock(self.ptr)
+        rest = f.sf_ctx_watch_begin(self.ptr)
+        f.sf_ctx_unlock(self.ptr)
+        return rest / 1e9
+
+    def watch_end(self):
+        if self.ptr is not NULL:
+            f.sf_ctx_lock(self.ptr)
+            f.sf_ctx_watch_end(self.ptr)
+            f.sf_ctx_unlock(self.ptr)
+
     cdef void adopt(self):
         self.children += 1
 
@@ -217,22 +241,94 @@ cdef class LkeyMap:
         return found
 
 
+cdef class FastChannel(Guarded):
+    """A ShiftCompChannel's events and blocking waits (fast_chan.c)."""
+    cdef f.sf_chan *ptr
+    cdef FastContext ctx
+
+    def __cinit__(self, FastContext ctx):
+        if ctx.ptr is NULL or ctx.closing:
+            raise ValueError("a FastChannel needs an open FastContext")
+        f.sf_ctx_lock(ctx.ptr)
+        self.ptr = f.sf_chan_new(ctx.ptr)
+        f.sf_ctx_unlock(ctx.ptr)
+        if self.ptr is NULL:
+            raise OSError("shift core: cannot make a completion channel")
+        self.ctx = ctx
+        ctx.adopt()
+
+    def raise_event(self, uint64_t cookie):
+        """An event of the CQ `cookie`, raised from Python (a wake-up of the thread waiting)."""
+        if not self.closed:
+            f.sf_ctx_lock(self.ctx.ptr)
+            f.sf_chan_raise(self.ptr, cookie)
+            f.sf_ctx_unlock(self.ctx.ptr)
+
+    def wait(self, timeout):
+        """The cookie of the next CQ of the channel that got a completion; PASS when Python must make a
+        pass first; None after `timeout` s (None: no limit) or once closed. The interpreter lock is let go
+        while it waits; the waiting thread may lead (fast_chan.c), on the default path's channel."""
+        cdef uint64_t cookie = 0
+        cdef int got = f.SF_WAIT_NONE, ms
+        cdef Channel held
+        cdef void *serve
+        end = None if timeout is None else monotonic() + timeout
+        if not self.enter():
+            return None
+        try:
+            while not self.closed and not self.ctx.closing:
+                ms = -1 if end is None else max(0, int((end - monotonic()) * 1000 + 0.999))
+                held = self.ctx.serve
+                if held is not None and not held.hold():
+                    held = None  # closing: follow only
+                serve = NULL if held is None else <void *>held.ptr
+                with nogil:
+                    got = f.sf_chan_wait(self.ptr, serve, ms, &cookie)
+                if held is not None:
+                    held.let_go()
+                if got == f.SF_WAIT_EVENT:
+                    return cookie
+                if got == f.SF_WAIT_PASS:
+                    return PASS
+                if got == f.SF_WAIT_NONE:
+                    return None
+            return None  # woken by the close
+        finally:
+            self.leave()
+
+    def close(self):
+        if self.closed:
+            return
+        f.sf_ctx_lock(self.ctx.ptr)
+        f.sf_chan_wake(self.ptr)  # a waiter returns, sees `closed` and leaves
+        f.sf_ctx_unlock(self.ctx.ptr)
+        self.quiesce()
+        f.sf_ctx_lock(self.ctx.ptr)
+        f.sf_chan_free(self.ptr)
+        f.sf_ctx_unlock(self.ctx.ptr)
+        self.ptr = NULL
+        self.ctx.release()
+
+
 cdef class FastCQ:
-    """An application CQ over one provider CQ per path (`path_cqs`, this backend's CQs)."""
+    """An application CQ over one provider CQ per path (`path_cqs`, this backend's CQs), its events on
+    `channel` (or None)."""
     cdef f.sf_cq *ptr
     cdef FastContext ctx
     cdef list path_cqs
     cdef readonly uint32_t cqe
 
-    def __cinit__(self, FastContext ctx, uint32_t cqe, list path_cqs, uint64_t cookie):
+    def __cinit__(self, FastContext ctx, uint32_t cqe, list path_cqs, uint64_t cookie, FastChannel channel):
         cdef void *on[f.SF_PATHS]
         cdef int i
         if ctx.ptr is NULL or ctx.closing or not 0 < len(path_cqs) <= f.SF_PATHS:
             raise ValueError("a FastCQ needs an open FastContext and a CQ per path")
+        if channel is not None and (channel.closed or channel.ctx is not ctx):
+            raise ValueError("a FastCQ's channel must be open and of its FastContext")
         for i in range(f.SF_PATHS):
             on[i] = <void *>(<CQ>path_cqs[i]).ptr if i < len(path_cqs) else NULL
         f.sf_ctx_lock(ctx.ptr)
-        self.ptr = f.sf_cq_new(ctx.ptr, cqe, on, cookie)
+        self.ptr = f.sf_cq_new(ctx.ptr, cqe, on, cookie, NULL if channel is None else channel.ptr)
         f.sf_ctx_unlock(ctx.ptr)
         if self.ptr is NULL:
             raise MemoryError()
@@ -240,15 +336,14 @@ cdef class FastCQ:
         ctx.adopt()
 
     def push(self, wc):
-        """Release `wc` to the application: (False once the CQ has overflowed, whether to tell the channel)."""
+        """Release `wc` to the application (an armed CQ raises its event): False once it has overflowed."""
         cdef c.sc_wc w = wc_to_c(wc)
-        cdef int notify = 0
         if self.ptr is NULL:
-            return False, False
+            return False
         f.sf_ctx_lock(self.ctx.ptr)
-        ok = f.sf_cq_push(self.ptr, &w, &notify) == 0
+        ok = f.sf_cq_push(self.ptr, &w) == 0
         f.sf_ctx_unlock(self.ctx.ptr)
-        return ok, bool(notify)
+        return ok
 
     def arm(self):
         if self.ptr is not NULL:
@@ -268,18 +363,29 @@ cdef class FastCQ:
         return ready
 
     def poll(self, int num_entries):
-        """(count, WCs) after a pass of the context's progress, as ShiftCQ.poll returns them."""
+        """(count, WCs) as ShiftCQ.poll returns them: what is ready, after a pass of the context's progress
+        when nothing is (as a provider CQ found empty drives its engine first). One lock for both."""
         cdef c.sc_wc wcs[FAST_BATCH]
-        cdef int got, i
+        cdef int got, i, want
+        cdef bint overflowed = False, deferred = False
+        cdef FastContext ctx = self.ctx
         if self.ptr is NULL:
             return 0, []
-        self.ctx.progress()
+        f.sf_ctx_lock(ctx.ptr)
+        if not f.sf_cq_ready(self.ptr) and not ctx.closing:
+            overflowed = f.sf_ctx_progress(ctx.ptr, 0) < 0
+            deferred = f.sf_ctx_has_deferred(ctx.ptr)
+        if overflowed or deferred:
+            f.sf_ctx_unlock(ctx.ptr)
+            if overflowed:
+                raise CQOverflowError("CQ overflow: a provider CQ behind a ShiftCQ overflowed")
+            ctx.hand_over()  # the failover layer's first: it may release completions here
+            f.sf_ctx_lock(ctx.ptr)
         out = []
         while True:  # poll(0) asks too: it meets an overflow
             want = max(0, min(num_entries, FAST_BATCH))
-            f.sf_ctx_lock(self.ctx.ptr)
             got = f.sf_cq_take(self.ptr, want, wcs)
-            f.sf_ctx_unlock(self.ctx.ptr)
+            f.sf_ctx_unlock(ctx.ptr)  # the WCs are made without it (no Python under the mutex)
             if got < 0:
                 raise CQOverflowError(f"CQ overflow: more than {self.cqe} completions were not polled")
             for i in range(got):
@@ -287,6 +393,7 @@ cdef class FastCQ:
             num_entries -= got
             if got < want or num_entries <= 0:
                 return len(out), out
+            f.sf_ctx_lock(ctx.ptr)
 
     def close(self):
         if self.ptr is not NULL:

@@ -45,6 +45,8 @@ class ProviderMR(ABC):
 class ProviderChannel(ABC):
     """A completion channel: CQs armed with req_notify report here once per arming."""
 
+    native: object  # the core's channel behind it
+
     @abstractmethod
     def get_cq_event(self, timeout: float | None) -> ProviderCQ | None: ...
 

@@ -149,13 +149,8 @@ class ShiftContext:
         self.fast.drain(None if cq is None else cq.fast, depth(path), qp_num)
 
     def _deferred(self, kind: int, path: int, cookie: int, wc: WC) -> None:
-        """What the fast path hands over (under the lock): a completion for the failover layer, a QP that
-        overflowed its CQ (or could not go on after a switch), an armed CQ's event."""
-        if kind == self.fastpath.DEFER_NOTIFY:
-            cq = self.cqs.get(cookie)
-            if cq is not None:
-                cq.raise_event()
-            return
+        """What the fast path hands over (under the lock): a completion for the failover layer, or a QP that
+        overflowed its CQ (or could not go on after a switch)."""
         qp = self.qps.get((PATHS[path], wc.qp_num))
         if qp is None:
             return

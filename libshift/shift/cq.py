@@ -10,9 +10,7 @@ lost, poll raises CQOverflowError, the QP that released it goes to ERR), the sam
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import deque
 from typing import TYPE_CHECKING
 
 from libshift.shift.paths import PRIMARY
@@ -49,21 +47,15 @@ class ShiftCQ:
         self.primary = self.on[PRIMARY]
         with ctx.lock:
             natives = [cq.impl.native for cq in self.on.values()]
-            self.fast = ctx.fastpath.FastCQ(ctx.fast, cqe, natives, id(self))
+            events = None if channel is None else channel.fast
+            self.fast = ctx.fastpath.FastCQ(ctx.fast, cqe, natives, id(self), events)
             ctx.cqs[id(self)] = self
 
     def push(self, wc: WC) -> bool:
         """A completion released to the application; False once the CQ has overflowed (the completion is
-        lost, as on an RNIC). An armed CQ tells its channel (once per arming), of an overflow too: a
-        waiter must wake to meet the error."""
-        ok, notify = self.fast.push(wc)
-        if notify:
-            self.raise_event()
-        return bool(ok)
-
-    def raise_event(self) -> None:
-        if self.channel is not None:
-            self.channel.notify(self)
+        lost, as on an RNIC). An armed CQ raises its event on its channel (once per arming; in the core), of
+        an overflow too: a waiter must wake to meet the error."""
+        return bool(self.fast.push(wc))
 
     def req_notify(self, solicited_only: bool = False) -> None:
         """Arm: the next completion released to this CQ raises an event on its channel (any completion:
@@ -89,35 +81,35 @@ class ShiftCQ:
 class ShiftCompChannel:
     """Blocking waits for ShiftCQs: arm a CQ with req_notify(), then get_cq_event(), as with CompChannel.
 
-    The waiting thread itself waits on the default path's provider channel and makes progress on what
-    comes (ShiftContext.serve); while traffic is on a backup path, or when no thread waits, the context's
-    watcher threads make progress and raise the events.
+    The channel is the core's (fast_chan.c). Of the threads waiting on a context's channels, one leads: it
+    waits on the default path's provider channel and makes the progress on what comes there itself, so
+    that no thread stands between the wire and the application, as with a bare channel; the others wait
+    for their events or for the lead. While traffic is on a backup path, or when no thread waits, the
+    context's watcher threads make progress and raise the events.
     """
 
     def __init__(self, ctx: ShiftContext) -> None:
         self.ctx = ctx
-        self._cond = threading.Condition()
-        self._events: deque[ShiftCQ] = deque()
+        self.fast = ctx.fastpath.FastChannel(ctx.fast)
+        self._pass = ctx.fastpath.PASS
 
     def notify(self, cq: ShiftCQ) -> None:
-        with self._cond:
-            self._events.append(cq)
-            self._cond.notify()
-        self.ctx.watchers.wake_servers()
+        """An event of `cq` raised from Python: it wakes the thread waiting on the channel."""
+        self.fast.raise_event(id(cq))
 
     def get_cq_event(self, cq: ShiftCQ | None = None, timeout: float | None = None) -> ShiftCQ:
         """Block until an armed CQ of this channel gets a completion; TimeoutError after `timeout` s."""
         end = None if timeout is None else time.monotonic() + timeout
         while True:
-            with self._cond:
-                if self._events:
-                    return self._events.popleft()
-            left = None if end is None else end - time.monotonic()
-            if left is not None and left <= 0:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            got = self.fast.wait(left)
+            if got is None:
                 raise TimeoutError(f"no completion event within {timeout} s")
-            if not self.ctx.watchers.serve(left, lambda: bool(self._events)):
-                with self._cond:
-                    self._cond.wait_for(lambda: self._events, left)
+            if got == self._pass:  # what the failover layer must see first (it may raise events)
+                self.ctx.progress()
+            elif (found := self.ctx.cqs.get(got)) is not None:
+                return found
 
     def close(self) -> None:
-        """Nothing to release: the channel is plain memory."""
+        """A thread waiting returns (TimeoutError); the CQs made on the channel raise no more events."""
+        self.fast.close()

@@ -1,9 +1,10 @@
-"""The context's watcher threads, one per device channel, and the application's own waits on the default one.
+"""The context's watcher threads, one per device channel.
 
 A watcher makes progress whenever a CQ armed on its channel gets a completion, so that nothing waits for
 the application to poll: the backup path's for the peer's notifications and control messages, both paths'
-for completion channels of ShiftCQs. An application thread that blocks on a ShiftCQ waits on the default
-path's channel itself (serve), and the default path's watcher keeps off the channel meanwhile.
+for completion channels of ShiftCQs. An application thread that blocks on a ShiftCQ leads on the default
+path's channel itself (ShiftCompChannel, fast_chan.c), and the default path's watcher keeps off the channel
+meanwhile.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from libshift.shift.detect import EITHER_ASK_EVERY
@@ -30,8 +31,6 @@ SCAN_PERIOD = 0.01  # the backup watcher reads the QPs' control messages at most
 # every WATCH_PERIOD): with a thousand QPs a scan on every wake-up of a failover cost more than the failover
 VISIT_BATCH = 64  # QPs a watcher follows or scans between two looks at its channel: with a thousand QPs,
 # a whole round (tens of ms) between two passes held back the peer's counts that a failover waits for
-SERVE_GRACE = 0.01  # the default path's watcher keeps off its channel this long after an application wait
-HANDOFF = 1e-3  # the longest wait on a channel another thread may take our event from
 
 
 class Round:
@@ -69,9 +68,6 @@ class Watchers:
         self._scanned = 0.0  # when the backup watcher last began to read the control messages
         self._to_follow = Round()  # QPs to follow, after the core made switches
         self._to_scan = Round()  # QPs whose control messages the backup watcher is still to read
-        self._servers: set[int] = set()  # application threads waiting on the default path's channel
-        self._served = -WATCH_PERIOD  # when the last of them stopped waiting
-        self._waiting: set[str] = set()  # the paths whose watcher waits on its channel now
 
     def watch(self, path: str) -> CompChannel:
         """The provider channel of `path`, with its watcher thread."""
@@ -79,6 +75,8 @@ class Watchers:
         with ctx.lock:
             if path not in self.channels:
                 self.channels[path] = CompChannel(ctx.devices[path])
+                if path == PRIMARY:  # where the applications' waits lead
+                    ctx.fast.set_serve(self.channels[path].impl.native)
                 watcher = threading.Thread(
                     target=self._watch, args=(path,), name=f"libshift-{ctx.name}-{path}", daemon=True
                 )
@@ -91,85 +89,41 @@ class Watchers:
         for watcher in self._threads:
             watcher.join(timeout=2)
 
-    # -- the application's waits ---------------------------------------------------------------------------
-
-    def serve(self, limit: float | None, ready: Callable[[], bool]) -> bool:
-        """Wait for the default path's next completion event on the caller's thread, and make progress on
-        it there, as a bare provider channel does (leader/follower): no watcher thread and no second channel
-        between the wire and the waiting application, which cost two thread hops per completion.
-
-        Returns at once when `ready()` (after a progress pass); False, without waiting, while traffic is on
-        the backup path, whose watcher then raises the events."""
-        ctx = self.ctx
-        channel = self.channels.get(PRIMARY)
-        if channel is None or ctx.fast.backup_hot:
-            return False
-        me = threading.get_ident()
-        with ctx.lock:
-            self._servers.add(me)
-            for cq in self._armable(PRIMARY):
-                cq.req_notify()
-            ctx.progress()
-            shared = PRIMARY in self._waiting or len(self._servers) > 1
-        try:
-            if ready():
-                return True
-            # another thread on the channel may take our event; a provider that cannot cut a wait short
-            # (wake()) would leave us waiting for an event raised by another thread
-            wakeable = hasattr(channel.impl, "wake")
-            slice_ = HANDOFF if shared or not wakeable else WATCH_PERIOD
-            with contextlib.suppress(TimeoutError):
-                channel.get_cq_event(timeout=slice_ if limit is None else min(limit, slice_))
-            ctx.progress()
-        finally:
-            with ctx.lock:
-                self._servers.discard(me)
-                self._served = time.monotonic()
-        return True
-
-    def wake_servers(self) -> None:
-        """A completion for a waiting application thread was made on another thread: end its wait now."""
-        if self._servers - {threading.get_ident()}:
-            wake = getattr(self.channels[PRIMARY].impl, "wake", None)
-            if wake is not None:
-                wake()
-
-    def _resting(self) -> float:
-        """How long the default path's watcher keeps off its channel: an application thread waits there
-        now, or did within SERVE_GRACE (two waiters on one channel take each other's events)."""
-        if self._servers:
-            return SERVE_GRACE
-        return self._served + SERVE_GRACE - time.monotonic()
-
     # -- a watcher's loop ----------------------------------------------------------------------------------
 
     def _watch(self, path: str) -> None:
         ctx, channel = self.ctx, self.channels[path]
         while not self._closing.is_set():
-            rest = self._resting() if path == PRIMARY else 0.0
+            # an application's wait leads on the default path's channel now, or did a moment ago: two
+            # waiters on one channel take each other's events
+            rest = ctx.fast.watch_begin() if path == PRIMARY else 0.0
             if rest > 0:
                 self._closing.wait(rest)
                 continue
             try:
-                with ctx.lock:
-                    for cq in self._armable(path):
-                        cq.req_notify()
-                ctx.progress(everything=True)
-                self._follow_core()
-                if path != PRIMARY:
-                    self._scan()
-            except VerbsError as exc:  # a refused control verb: say so, keep watching the other QPs
-                log.warning("%s: %s", ctx.name, exc)
-            self._waiting.add(path)
-            wait = EITHER_ASK_EVERY if ctx.doubtful else WATCH_PERIOD  # a doubt is asked about again soon
-            if self._to_follow or (path != PRIMARY and self._to_scan):
-                wait = 0.0  # only a look at the channel before the next batch
-            try:
-                channel.get_cq_event(timeout=wait)
-            except TimeoutError:
-                continue
+                self._look(path, channel)
             finally:
-                self._waiting.discard(path)
+                if path == PRIMARY:
+                    ctx.fast.watch_end()
+
+    def _look(self, path: str, channel: CompChannel) -> None:
+        """A pass of progress, the core's switches followed, and a wait on the channel."""
+        ctx = self.ctx
+        try:
+            with ctx.lock:
+                for cq in self._armable(path):
+                    cq.req_notify()
+            ctx.progress(everything=True)
+            self._follow_core()
+            if path != PRIMARY:
+                self._scan()
+        except VerbsError as exc:  # a refused control verb: say so, keep watching the other QPs
+            log.warning("%s: %s", ctx.name, exc)
+        wait = EITHER_ASK_EVERY if ctx.doubtful else WATCH_PERIOD  # a doubt is asked about again soon
+        if self._to_follow or (path != PRIMARY and self._to_scan):
+            wait = 0.0  # only a look at the channel before the next batch
+        with contextlib.suppress(TimeoutError):
+            channel.get_cq_event(timeout=wait)
 
     def _follow_core(self) -> None:
         """Follow the switches the core made, here, not in the application's poll (a thousand QPs moved at

@@ -825,7 +825,7 @@ static void test_the_fast_path(void) {
     struct duo d = duo_new(ma, sizeof ma, mb, sizeof mb, ACCESS_LOCAL_WRITE);
     sf_ctx *ctx = sf_ctx_new(&sc_dp_tcp, 1);
     void *cqs_a[1] = {d.qa}, *cqs_b[1] = {d.qb};
-    sf_cq *fa = sf_cq_new(ctx, 8, cqs_a, 1), *fb = sf_cq_new(ctx, 8, cqs_b, 2);
+    sf_cq *fa = sf_cq_new(ctx, 8, cqs_a, 1, NULL), *fb = sf_cq_new(ctx, 8, cqs_b, 2, NULL);
     sf_qp *a = sf_qp_new(ctx, fa, fa, 4, 4, 2, 16, 0), *b = sf_qp_new(ctx, fb, fb, 4, 4, 2, 16, 0);
     CHECK(sf_qp_add_path(a, 0, d.a, 1) == 0 && sf_qp_add_path(b, 0, d.b, 2) == 0);
     sf_qp_import_done(a, 0, 1, 0, 0);
@@ -871,6 +871,54 @@ static void test_the_fast_path(void) {
     fast_pair_free(ctx, a, b, fa, fb, &d);
 }
 
+/* A channel's events (raised from Python, or by a completion released to an armed CQ) and its wait: with
+ * the default path's provider channel to serve on, the waiting thread leads, arms, waits on the provider
+ * channel and makes the pass that releases the completion itself; the default path's watcher then keeps
+ * off for a grace. */
+static void test_a_channel_wait_leads_on_the_provider_channel(void) {
+    static uint8_t ma[64], mb[64];
+    struct duo d = duo_new(ma, sizeof ma, mb, sizeof mb, ACCESS_LOCAL_WRITE);
+    sf_ctx *ctx = sf_ctx_new(&sc_dp_tcp, 1);
+    sf_chan *chan = sf_chan_new(ctx);
+    void *cqs_b[1] = {d.qb};
+    sf_cq *fb = sf_cq_new(ctx, 8, cqs_b, 2, chan);
+    sf_qp *b = sf_qp_new(ctx, fb, fb, 4, 4, 1, 0, 0);
+    CHECK(chan && fb && b && sf_qp_add_path(b, 0, d.b, 2) == 0);
+    sf_qp_import_done(b, 0, 1, 0, 0);
+    uint64_t cookie = 0;
+    CHECK(sf_chan_wait(chan, NULL, 0, &cookie) == SF_WAIT_NONE);
+    sf_chan_raise(chan, 42);
+    CHECK(sf_chan_wait(chan, NULL, 0, &cookie) == SF_WAIT_EVENT && cookie == 42);
+    sf_chan_wake(chan);
+    CHECK(sf_chan_wait(chan, NULL, 1000, &cookie) == SF_WAIT_WOKEN);
+    CHECK(sf_ctx_watch_begin(ctx) == 0); /* nobody has led yet: the watcher may wait on the channel */
+    sf_ctx_watch_end(ctx);
+
+    enum sc_post_error err = SC_POST_OK;
+    struct sc_sge sb = {(uint64_t)(uintptr_t)mb, 8, sc_mr_lkey(d.rb)}, sa = {(uint64_t)(uintptr_t)ma, 8,
+                                                                         sc_mr_lkey(d.ra)};
+    struct sc_recv_wr r = {.wr_id = 300, .num_sge = 1, .sg = &sb};
+    CHECK(sf_qp_post_recv(b, &r, &err) == SF_POSTED);
+    sf_cq_arm(fb);
+    struct sc_send_wr s = {.wr_id = 1, .opcode = WR_SEND, .send_flags = SEND_SIGNALED, .num_sge = 1, .sg = &sa};
+    int posted = 0;
+    memcpy(ma, "lead on", 8);
+    CHECK(sc_qp_post_send(d.a, &s, 1, &posted) == SC_POST_OK && posted == 1);
+    cookie = 0;
+    CHECK(sf_chan_wait(chan, d.chan, 5000, &cookie) == SF_WAIT_EVENT && cookie == 2);
+    struct sc_wc got;
+    CHECK(sf_cq_take(fb, 1, &got) == 1 && got.wr_id == 300 && got.status == WC_SUCCESS);
+    CHECK(memcmp(mb, "lead on", 8) == 0 && !ctx->leader && ctx->led_ns > 0);
+    CHECK(sf_ctx_watch_begin(ctx) > 0 && !ctx->watching); /* it led a moment ago: the watcher keeps off */
+    CHECK(sf_chan_wait(chan, d.chan, 0, &cookie) == SF_WAIT_NONE); /* one event per arming */
+    sf_qp_free(b);
+    sf_cq_free(fb);
+    sf_chan_free(chan);
+    sf_ctx_free(ctx);
+    sc_ctx_free(d.ca);
+    sc_ctx_free(d.cb);
+}
+
 /* A QP settled on a backup path after a failover keeps its ledger in the fast path: its posts go on that
  * path with the path's keys (the default lkey's twin from the context's map, the peer's backup rkey from
  * the QP's own; an rkey it does not know is the failover layer's to look up, SF_NOT_FAST, nothing kept),
@@ -880,7 +928,7 @@ static void test_the_fast_path_on_a_backup_path(void) {
     struct duo d = duo_new(ma, sizeof ma, mb, sizeof mb, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE);
     sf_ctx *ctx = sf_ctx_new(&sc_dp_tcp, 2);
     void *cqs_a[2] = {NULL, d.qa}, *cqs_b[2] = {d.qb, NULL};
-    sf_cq *fa = sf_cq_new(ctx, 8, cqs_a, 1), *fb = sf_cq_new(ctx, 8, cqs_b, 2);
+    sf_cq *fa = sf_cq_new(ctx, 8, cqs_a, 1, NULL), *fb = sf_cq_new(ctx, 8, cqs_b, 2, NULL);
     sf_qp *a = sf_qp_new(ctx, fa, fa, 4, 4, 2, 16, 0), *b = sf_qp_new(ctx, fb, fb, 4, 4, 2, 16, 0);
     sc_qp *unused = lone_qp(d.ca);
     CHECK(sf_qp_add_path(a, 0, unused, 9) == 0 && sf_qp_add_path(a, 1, d.a, 1) == 0);
@@ -928,13 +976,12 @@ static void test_the_fast_path_on_a_backup_path(void) {
     fast_pair_free(ctx, a, b, fa, fb, &d);
 }
 
-/* A switch's drain takes its QP's deferred completions on its path (and CQ events) out of the queue; the
- * others (another path's, another QP's on the same path, an overflow) stay, in order, for the hand-over
- * under way. */
+/* A switch's drain takes its QP's deferred completions on its path out of the queue; the others (another
+ * path's, another QP's on the same path, an overflow) stay, in order, for the hand-over under way. */
 static void test_a_drain_takes_only_its_qps_deferred_items(void) {
     sf_ctx *ctx = sf_ctx_new(&sc_dp_tcp, 2);
-    uint32_t kinds[6] = {SF_DEFER_WC, SF_DEFER_WC, SF_DEFER_NOTIFY, SF_DEFER_WC, SF_DEFER_WC, SF_DEFER_OVERFLOW};
-    uint32_t paths[6] = {1, 0, 0, 0, 0, 0}, qpns[6] = {7, 7, 0, 8, 7, 7};
+    uint32_t kinds[6] = {SF_DEFER_WC, SF_DEFER_WC, SF_DEFER_WC, SF_DEFER_WC, SF_DEFER_WC, SF_DEFER_OVERFLOW};
+    uint32_t paths[6] = {1, 0, 0, 0, 0, 0}, qpns[6] = {7, 7, 7, 8, 7, 7};
     for (uint64_t i = 0; i < 6; i++) {
         struct sf_deferred item = {.kind = kinds[i], .path = paths[i], .wc = {.wr_id = i, .qp_num = qpns[i]}};
         CHECK(sf_ctx_defer(ctx, &item) == 0);
@@ -964,7 +1011,7 @@ static struct side side_new(sc_qp *on0, sc_cq *cq0, sc_qp *on1, sc_cq *cq1, uint
     struct side s;
     void *cqs[2] = {cq0, cq1};
     s.ctx = sf_ctx_new(&sc_dp_tcp, 2);
-    s.cq = sf_cq_new(s.ctx, 16, cqs, 1);
+    s.cq = sf_cq_new(s.ctx, 16, cqs, 1, NULL);
     s.qp = sf_qp_new(s.ctx, s.cq, s.cq, 8, 8, 1, 0, 1);
     CHECK(sf_qp_add_path(s.qp, 0, on0, qpn) == 0 && sf_qp_add_path(s.qp, 1, on1, qpn) == 0);
     sf_ctx_set_control(s.ctx, 1, cq1);
@@ -1153,6 +1200,7 @@ int main(void) {
     test_the_fast_path();
     test_the_fast_path_on_a_backup_path();
     test_a_drain_takes_only_its_qps_deferred_items();
+    test_a_channel_wait_leads_on_the_provider_channel();
     test_the_failover_in_the_core();
     test_the_peer_follows_on_its_progress_thread();
     printf("%d passed, %d failed\n", passed, failed);

@@ -104,6 +104,10 @@ class TcpChannel(ProviderChannel):
         self._ctx = ctx
         self.core = _core.Channel(ctx.core)
 
+    @property
+    def native(self) -> _core.Channel:
+        return self.core
+
     def fileno(self) -> int:
         """The channel's eventfd: readable while an event may be waiting."""
         return self.core.fileno()

@@ -27,6 +27,10 @@ class VerbsChannel(ProviderChannel):
             self.channel = _verbs.Channel(ctx.native)
         ctx.adopt(self)
 
+    @property
+    def native(self) -> _verbs.Channel:
+        return self.channel
+
     def get_cq_event(self, timeout: float | None) -> VerbsCQ | None:
         end = None if timeout is None else time.monotonic() + timeout
         while True:
