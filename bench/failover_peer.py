@@ -7,9 +7,9 @@ way, connects `--qps` QPs (one CQ for all), prints {"connected", "connected_s"},
   {"stream": true}        sender: post continuously (SEND, RDMA_WRITE or RDMA_READ of --size bytes,
                           round-robin, at most --window outstanding per QP) until told to stop;
   {"arm": true}           sender: answer {"armed"}, then post one WR beyond the window on every QP each
-                          TICK, the wait doubling with each of them not yet completed (while it has SPARE
-                          room), so that one is posted soon after a fault has taken effect however late
-                          the {"mark"} comes (the order's own trip takes 1-2 ms);
+                          TICK, the wait doubling with each of them not yet completed past TICK_STEADY
+                          (while it has SPARE room), so that one is posted within a TICK of a fault
+                          taking effect however late the {"mark"} comes (the order's own trip takes 1-2 ms);
   {"mark": t0, "after": t}  sender: post one more WR on every QP at once, and answer {"resumed"} once every
                           QP has completed a WR posted at or after t (CLOCK_MONOTONIC ns; t0 when not given),
                           the moment the fault had taken effect: such a WR can only complete on the backup
@@ -58,8 +58,9 @@ PING_WR = 1 << 48  # wr_id of pings and their answers, apart from the stream's s
 BATCH = 64
 IDLE_WAIT = 0.01  # the longest block on the channel, so that orders are noticed
 ANSWER_WITHIN = 30.0  # an order not met by then is answered anyway, saying so
-SPARE = 12  # room beyond the window on every QP (and receives beyond it): {"mark"}'s and {"arm"}'s WRs
-TICK_NS = 50_000  # while armed, a WR beyond the window this often, doubled for each one outstanding
+SPARE = 24  # room beyond the window on every QP (and receives beyond it): {"mark"}'s and {"arm"}'s WRs
+TICK_NS = 50_000  # while armed, a WR beyond the window this often,
+TICK_STEADY = 8  # while at most this many are outstanding (a fault's first 0.4 ms); then doubled for each more
 TICK_DOUBLINGS = 5  # at most: the longest wait between two of them is TICK_NS << 5, 1.6 ms
 
 
@@ -225,15 +226,17 @@ class Sender:
 
     def tick(self) -> bool:
         """Armed: one WR beyond the window on every QP, TICK_NS after the last, the wait doubled for each
-        of them still outstanding (up to TICK_DOUBLINGS times), while fewer than SPARE - 1 are (the last
-        spare is {"mark"}'s). On a healthy path each completes within a round trip; at a fault they pile
-        up, and the doubling spreads the spares over ~10 ms, so that one goes soon after the fault has taken
-        effect (t0's request acked, 0.1-0.3 ms after t0) however late the mark comes. Whether any went."""
+        of them still outstanding past TICK_STEADY (up to TICK_DOUBLINGS times), while fewer than SPARE - 1
+        are (the last spare is {"mark"}'s). On a healthy path each completes within a round trip; at a fault
+        they pile up: one goes within TICK_NS of the fault taking effect (t0's request acked, 0.1-0.3 ms
+        after t0), and the doubling spreads the rest over ~10 ms, however late the mark comes. The doubling
+        from the first outstanding one (before) spaced them 0.1-0.4 ms apart on a healthy stream already,
+        and the WR that ends the downtime went up to 0.8 ms after the fault. Whether any went."""
         now = time.monotonic_ns()
         while self.ticks and self.ticks[0][0].done > self.ticks[0][1]:
             self.ticks.popleft()
         outstanding = len(self.ticks) // len(self.stack.lanes)
-        wait = TICK_NS << min(outstanding, TICK_DOUBLINGS)
+        wait = TICK_NS << min(max(0, outstanding - TICK_STEADY), TICK_DOUBLINGS)
         if self.ticked is None or now - self.ticked < wait or outstanding >= SPARE - 1:
             return False
         self.ticked = now

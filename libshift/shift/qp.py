@@ -178,9 +178,8 @@ class ShiftQP:
 
     def post_send(self, wr: SendWR) -> None:
         got = self.fast.post_send(wr)
-        if got != NOT_FAST:
-            handover.posted(self, got, wr, send=True)
-            return
+        if got != NOT_FAST:  # taken by the fast path: posted (0, the common case, costs no call) or said why
+            return handover.posted(self, got, wr, send=True) if got else None
         with self.ctx.lock:
             handover.take(self)
             if len(self.ledger.sq.entries) >= self.cap.max_send_wr:
@@ -197,8 +196,7 @@ class ShiftQP:
     def post_recv(self, wr: RecvWR) -> None:
         got = self.fast.post_recv(wr)
         if got != NOT_FAST:
-            handover.posted(self, got, wr, send=False)
-            return
+            return handover.posted(self, got, wr, send=False) if got else None
         with self.ctx.lock:
             handover.take(self)
             if len(self.ledger.rq.entries) >= self.cap.max_recv_wr:
