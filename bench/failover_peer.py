@@ -60,7 +60,7 @@ IDLE_WAIT = 0.01  # the longest block on the channel, so that orders are noticed
 ANSWER_WITHIN = 30.0  # an order not met by then is answered anyway, saying so
 SPARE = 24  # room beyond the window on every QP (and receives beyond it): {"mark"}'s and {"arm"}'s WRs
 TICK_NS = 50_000  # while armed, a WR beyond the window this often,
-TICK_STEADY = 8  # while at most this many are outstanding (a fault's first 0.4 ms); then doubled for each more
+TICK_STEADY = 8  # while at most this many are outstanding (a fault's first 0.4 ms); then doubled per one more
 TICK_DOUBLINGS = 5  # at most: the longest wait between two of them is TICK_NS << 5, 1.6 ms
 
 
