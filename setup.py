@@ -26,6 +26,6 @@ fast = [p for p in sources if p.rsplit("/", 1)[1].startswith("fast")]  # the fas
 # the tcp engine; the verbs backend is built against rdma-core's verbs.h but never linked to libibverbs
 # (verbs_lib.c opens it at run time), so both import on a host without rdma-core
 core = extension("_core", [p for p in sources if p not in verbs])
-# the fast path's context lock is priority-inheriting (priority.c), over either backend
+# the fast path's context lock is made by priority.c's sc_mutex_init, over either backend
 extensions = [core, extension("_verbs", [*verbs, *fast, f"{CORE}/priority.c"])]
 setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}))

@@ -103,6 +103,7 @@ cdef extern from "fastpath.h" nogil:
     int sf_qp_news(sf_qp *qp, sf_news *out, int max)
     void sf_qp_free(sf_qp *qp)
     int sf_qp_mode(const sf_qp *qp)
+    int sf_qp_path(const sf_qp *qp)
     uint32_t sf_qp_inline_kept(sf_qp *qp)
     sf_post sf_qp_post_send(sf_qp *qp, const sc_send_wr *wr, sc_post_error *err)
     sf_post sf_qp_post_recv(sf_qp *qp, const sc_recv_wr *wr, sc_post_error *err)

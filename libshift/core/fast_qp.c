@@ -61,6 +61,8 @@ int sf_qp_set_rkey(sf_qp *qp, int path, uint32_t rkey, uint32_t path_rkey) {
 
 int sf_qp_mode(const sf_qp *qp) { return qp->mode; }
 
+int sf_qp_path(const sf_qp *qp) { return qp->path; }
+
 uint32_t sf_qp_inline_kept(sf_qp *qp) {
     uint32_t kept = 0;
     for (uint32_t i = 0; i < qp->sq.count; i++)

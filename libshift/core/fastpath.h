@@ -199,6 +199,8 @@ void sf_qp_set_target(sf_qp *qp, int path, uint64_t addr, uint32_t rkey);
 int sf_qp_news(sf_qp *qp, struct sf_news *out, int max);
 void sf_qp_free(sf_qp *qp);
 int sf_qp_mode(const sf_qp *qp);
+/* The path its fast-mode posts go on (and whose completions are its own). */
+int sf_qp_path(const sf_qp *qp);
 /* Sends whose inline bytes the ledger keeps here (for a replay). */
 uint32_t sf_qp_inline_kept(sf_qp *qp);
 enum sf_post sf_qp_post_send(sf_qp *qp, const struct sc_send_wr *wr, enum sc_post_error *err);

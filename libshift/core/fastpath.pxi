@@ -475,6 +475,16 @@ cdef class FastQP:
     def fast(self):
         return self.ptr is not NULL and f.sf_qp_mode(self.ptr) == f.SF_MODE_FAST  # a word read: no mutex
 
+    def moved_off(self, int path):
+        """Whether the fast path holds the QP on another path than `path` (a switch made in the core)."""
+        cdef bint moved
+        if self.ptr is NULL:
+            return False
+        f.sf_ctx_lock(self.ctx.ptr)
+        moved = f.sf_qp_mode(self.ptr) == f.SF_MODE_FAST and f.sf_qp_path(self.ptr) != path
+        f.sf_ctx_unlock(self.ctx.ptr)
+        return moved
+
     @property
     def inline_kept(self):
         """Sends in the fast path's ledger that keep a copy of their inline bytes."""

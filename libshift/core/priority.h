@@ -17,9 +17,8 @@ enum sc_priority {
  * a short slice. Says which it got. */
 enum sc_priority sc_thread_prefer_latency(void);
 
-/* A mutex that the core's threads share with the application's (a context's lock): priority-inheriting,
- * so that a core thread waiting for it lends its priority to the holder; recursive when asked. Falls back
- * to a plain one where the system has no priority inheritance. 0, or an errno. */
+/* A mutex that the core's threads share with the application's (a context's lock): a plain one, not
+ * priority-inheriting (priority.c says why); recursive when asked. 0, or an errno. */
 int sc_mutex_init(pthread_mutex_t *mutex, int recursive);
 
 #endif
