@@ -130,6 +130,7 @@ class Pairs:
             for obj in (peer.qp, peer.staging, peer.outbox):
                 obj.close()
         self.cq.close()
+        self.channel.close()  # its eventfd, and the context's fast path, which waits for it
 
     # -- the thread ------------------------------------------------------------------------------------
 

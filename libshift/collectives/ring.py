@@ -344,5 +344,6 @@ class Ring:
             except VerbsError as exc:
                 log.warning("rank %d: no farewell to the neighbours (%s)", self.rank, exc)
         self.buffers.close()
-        for obj in (self.left, self.right, self.staging, self.mailbox, self.cq, self.pd, self.ctx):
+        ends = (self.left, self.right, self.staging, self.mailbox, self.cq, self.channel, self.pd, self.ctx)
+        for obj in ends:  # the channel after its CQ, before the context (whose fast path waits for it)
             obj.close()

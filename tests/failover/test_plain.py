@@ -126,3 +126,21 @@ def test_a_completion_channel_wakes_a_blocked_waiter(devices: None) -> None:
     finally:
         for ctx in (a.ctx, b.ctx):
             ctx.close()
+
+
+def test_a_closed_channel_leaves_no_descriptor_and_wakes_no_one(devices: None) -> None:
+    """A ShiftCompChannel owns an eventfd in the core (fast_chan.c): close() gives it back, and a wait on the
+    closed channel returns at once (TimeoutError) instead of waiting."""
+    ctx = ShiftContext(name="fo_a")
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        channel = ShiftCompChannel(ctx)
+        assert len(os.listdir("/proc/self/fd")) == before + 1
+        channel.close()
+        assert len(os.listdir("/proc/self/fd")) == before
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            channel.get_cq_event(timeout=5)
+        assert time.monotonic() - started < 1
+    finally:
+        ctx.close()
