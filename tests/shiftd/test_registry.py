@@ -87,6 +87,19 @@ def until(predicate: Callable[[], bool], timeout: float) -> bool:
     return predicate()
 
 
+def freeze(proc: subprocess.Popen[Any]) -> None:
+    """SIGSTOP `proc` and wait until every thread of it has stopped: the signal is delivered when a thread
+    of it next runs, and on a loaded machine another thread could answer a request meanwhile (a CI run saw
+    a write sent just after the signal come back applied)."""
+    proc.send_signal(signal.SIGSTOP)
+
+    def stopped() -> bool:
+        tasks = list(Path(f"/proc/{proc.pid}/task").iterdir())
+        return all((task / "stat").read_text().rsplit(")", 1)[1].split()[0] in "tT" for task in tasks)
+
+    assert until(stopped, 5), f"pid {proc.pid} did not stop"
+
+
 async def collect(events: AsyncIterator[WatchEvent], into: list[WatchEvent]) -> None:
     async for event in events:
         into.append(event)
@@ -472,7 +485,7 @@ def test_stop_with_etcd_down_is_bounded(etcd: EtcdProcess, outage: str) -> None:
         if outage == "killed":
             etcd.kill()
         else:
-            etcd.proc.send_signal(signal.SIGSTOP)  # connection open, no answers
+            freeze(etcd.proc)  # connection open, no answers
         started = time.monotonic()
         await reg.stop(revoke=True)
         assert time.monotonic() - started < 1.5
@@ -544,7 +557,7 @@ def test_write_whose_reply_was_lost_is_not_repeated(etcd: EtcdProcess) -> None:
         assert await reg.wait_synced(10)
         assert await asyncio.to_thread(until, lambda: watchers(etcd) == 1, 5)
         assert etcd.proc is not None
-        etcd.proc.send_signal(signal.SIGSTOP)
+        freeze(etcd.proc)
         try:
             reg.put("nics/h0/mlx5_0", "UP")
             assert await seen([], lambda _: not reg.connected, 5)  # the client gave up
