@@ -64,14 +64,19 @@ static void signal_fd(sf_chan *chan) {
     chan->signalled = 1;
 }
 
-/* Tell whoever waits for the channel: its followers, and its leader if it waits on the provider channel
- * (the pass that raised it was another thread's). */
-static void alert(sf_chan *chan) {
+/* The channel's leader, if it waits on the provider channel (the pass that raised it was another
+ * thread's): wake it there. */
+static void wake_leader(sf_chan *chan) {
     sf_ctx *ctx = chan->ctx;
-    if (chan->followers)
-        signal_fd(chan);
     if (ctx->leader == chan && ctx->leading_on)
         ctx->dp->chan_wake(ctx->leading_on);
+}
+
+/* Tell whoever waits for the channel: its followers, and its leader. */
+static void alert(sf_chan *chan) {
+    if (chan->followers)
+        signal_fd(chan);
+    wake_leader(chan);
 }
 
 void sf_chan_raise(sf_chan *chan, uint64_t cookie) {
@@ -96,8 +101,7 @@ void sf_chan_raise(sf_chan *chan, uint64_t cookie) {
 void sf_chan_wake(sf_chan *chan) {
     chan->woken = 1;
     signal_fd(chan);
-    if (chan->ctx->leader == chan && chan->ctx->leading_on)
-        chan->ctx->dp->chan_wake(chan->ctx->leading_on);
+    wake_leader(chan);
 }
 
 /* An event (SF_WAIT_EVENT), a wake-up (SF_WAIT_WOKEN) or nothing (0). The eventfd is drained when nothing

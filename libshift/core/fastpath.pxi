@@ -16,6 +16,7 @@ PASS = -1  # FastChannel.wait: the deferred queue holds items, make a pass (Fast
 NEWS_SWITCHED, NEWS_RESUMED = 1, 2
 REASON_NIC_EVENT, REASON_PEER = 1, 2
 DEF FAST_BATCH = 64
+PROVIDER_OVERFLOW = "CQ overflow: a provider CQ behind a ShiftCQ overflowed"
 
 
 cdef c.sc_wc wc_to_c(object wc):
@@ -63,10 +64,15 @@ cdef class FastContext:
         overflowed = f.sf_ctx_progress(self.ptr, everything) < 0
         deferred = f.sf_ctx_has_deferred(self.ptr)
         f.sf_ctx_unlock(self.ptr)
+        self.after_pass(overflowed, deferred)
+
+    cdef int after_pass(self, bint overflowed, bint deferred) except -1:
+        """What a pass leaves to Python: a provider CQ's overflow to raise, the deferred items to hand over."""
         if overflowed:
-            raise CQOverflowError("CQ overflow: a provider CQ behind a ShiftCQ overflowed")
+            raise CQOverflowError(PROVIDER_OVERFLOW)
         if deferred:
             self.hand_over()
+        return 0
 
     def drain(self, FastCQ cq, int path, uint32_t qpn):
         """Take the completions of one path of `cq` (None: that path's control CQ), and hand over at once
@@ -81,8 +87,7 @@ cdef class FastContext:
         f.sf_ctx_lock(self.ptr)
         overflowed = f.sf_ctx_drain(self.ptr, NULL if cq is None else cq.ptr, path) < 0
         f.sf_ctx_unlock(self.ptr)
-        if overflowed:
-            raise CQOverflowError("CQ overflow: a provider CQ behind a ShiftCQ overflowed")
+        self.after_pass(overflowed, False)
         with self.lock:
             while self.next_deferred_on(path, qpn, &item):
                 self.handler(item.kind, item.path, item.cookie, wc_of(&item.wc))
@@ -377,9 +382,7 @@ cdef class FastCQ:
             deferred = f.sf_ctx_has_deferred(ctx.ptr)
         if overflowed or deferred:
             f.sf_ctx_unlock(ctx.ptr)
-            if overflowed:
-                raise CQOverflowError("CQ overflow: a provider CQ behind a ShiftCQ overflowed")
-            ctx.hand_over()  # the failover layer's first: it may release completions here
+            ctx.after_pass(overflowed, deferred)  # the failover layer's first: it may release completions here
             f.sf_ctx_lock(ctx.ptr)
         out = []
         while True:  # poll(0) asks too: it meets an overflow
