@@ -120,6 +120,7 @@ def nic_change(event: common_pb2.NicEvent) -> NicChange:
         host=event.host,
         gid=event.gid,
         move_off=event.move_off,
+        previous_gid=event.previous_gid,
     )
 
 
@@ -484,6 +485,8 @@ class Agent:
         change = nic_change(event)
         with self._lock:
             if change.host and change.host != self.host:
+                if change.previous_gid:  # re-addressed: the old GID is gone
+                    self._peer_nics.pop(change.previous_gid, None)
                 if change.state is NicState.UP:
                     self._peer_nics.pop(change.gid, None)
                 else:

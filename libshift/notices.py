@@ -30,6 +30,7 @@ class NicChange:
     host: str = ""  # the host whose NIC it is (another than ours: a peer's, told with its GID)
     gid: str = ""
     move_off: bool = False  # DEGRADED by the loss of its own traffic, a healthy NIC beside it: leave it
+    previous_gid: str = ""  # a peer's NIC re-addressed: the GID it had (`gid` is the new one)
 
 
 class SwitchKind(enum.Enum):

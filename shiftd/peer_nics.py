@@ -4,8 +4,10 @@ A QP whose peer has lost every NIC the QP could use has no path left, but from t
 deadline would say so: seconds late, and never on a side that only receives. The peer's shiftd has said it
 already, in its NIC records. Following them, this daemon tells its agents when a peer's NIC goes down or
 comes back, as a NicEvent with the peer's host and the NIC's GID; each agent judges its own QPs
-(libshift/shift/peer_loss.py). A record deleted (its shiftd stopped, or its lease lapsed) says nothing of
-the links: it is forgotten, not taken for a failure.
+(libshift/shift/lost.py). A NIC whose GID changed (re-addressed, as after a repair) is told too, with the
+GID it had: the agents' QPs reconnect their paths to it at the new one (libshift/shift/readdress.py). A
+record deleted (its shiftd stopped, or its lease lapsed) says nothing of the links: it is forgotten, not
+taken for a failure.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ class PeerNics:
     def __init__(self, registry: Registry, host: str, tell: Callable[[common_pb2.NicEvent], None]) -> None:
         self.registry, self.host, self.tell = registry, host, tell
         self.records: dict[tuple[str, str], common_pb2.Nic] = {}  # (host, device) -> its record
+        # (host, device) -> its last GID: kept while it has none (between an address deleted and the next)
+        # and across its record's deletion (a shiftd restarted), to tell what a new GID replaces
+        self.gids: dict[tuple[str, str], str] = {}
 
     def down(self) -> list[common_pb2.NicEvent]:
         """The peers' NICs that are not UP now: what a new agent stream hears after our own NICs."""
@@ -55,12 +60,22 @@ class PeerNics:
             known = self.records.get((host, device))
             self.records[host, device] = nic
             previous = known.state if known is not None else common_pb2.NIC_STATE_UP
-            if nic.state != previous:
-                self.tell(event(host, nic, previous))
+            previous_gid = self._gid_replaced(host, device, nic.gid)
+            if nic.state != previous or previous_gid:
+                self.tell(event(host, nic, previous, previous_gid))
+
+    def _gid_replaced(self, host: str, device: str, gid: str) -> str:
+        """The GID that `gid` replaces on the peer's NIC, or "" when it replaces none."""
+        if not gid:
+            return ""
+        last = self.gids.get((host, device), "")
+        self.gids[host, device] = gid
+        return last if last != gid else ""
 
 
-def event(host: str, nic: common_pb2.Nic, previous: int) -> common_pb2.NicEvent:
-    """A peer's NIC record as the event agents hear."""
+def event(host: str, nic: common_pb2.Nic, previous: int, previous_gid: str = "") -> common_pb2.NicEvent:
+    """A peer's NIC record as the event agents hear (with the GID it had, when that changed: a QP's
+    path to the NIC must go to its new GID)."""
     return common_pb2.NicEvent(
         host=host,
         device=nic.device,
@@ -70,4 +85,5 @@ def event(host: str, nic: common_pb2.Nic, previous: int) -> common_pb2.NicEvent:
         reason=nic.reason,
         time_unix_nanos=nic.last_change_unix_nanos,
         gid=nic.gid,
+        previous_gid=previous_gid,
     )

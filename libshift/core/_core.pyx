@@ -307,6 +307,11 @@ cdef class QP:
         self.refuse_if_closed()
         return bool(c.sc_qp_connects(self.ptr, remote_ip, remote_qpn))
 
+    def set_local_ip(self, uint32_t local_ip):
+        """The device's address now (re-addressed since the QP was made), for `connects`."""
+        self.refuse_if_closed()
+        c.sc_qp_set_local_ip(self.ptr, local_ip)
+
     def to_rtr(self, uint32_t remote_ip, uint32_t remote_qpn, uint32_t rq_psn, int min_rnr_timer, int fd):
         """fd: a socket for the core to connect with if this side connects, else -1."""
         self.refuse_if_closed()

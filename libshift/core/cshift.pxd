@@ -75,6 +75,7 @@ cdef extern from "shift_core.h" nogil:
     int sc_qp_state(sc_qp *qp)
     void sc_qp_to_init(sc_qp *qp, uint32_t access)
     int sc_qp_connects(const sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn)
+    void sc_qp_set_local_ip(sc_qp *qp, uint32_t local_ip)
     void sc_qp_to_rtr(sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn, uint32_t rq_psn,
                       uint8_t min_rnr_timer, int fd)
     void sc_qp_to_rts(sc_qp *qp, uint64_t ack_timeout_ns, uint64_t retry_period_ns, uint8_t rnr_retry,

@@ -98,8 +98,14 @@ static void refused(struct sc_qp *qp) {
 }
 
 int sc_qp_connects(const sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn) {
-    /* one side connects, the other accepts: the smaller (address, QPN) connects (both are fixed at creation) */
+    /* one side connects, the other accepts: the smaller (address, QPN) connects */
     return qp->local_ip < remote_ip || (qp->local_ip == remote_ip && qp->qpn < remote_qpn);
+}
+
+void sc_qp_set_local_ip(sc_qp *qp, uint32_t local_ip) {
+    pthread_mutex_lock(&qp->ctx->lock);
+    qp->local_ip = local_ip;
+    pthread_mutex_unlock(&qp->ctx->lock);
 }
 
 static int connects(const struct sc_qp *qp) { return sc_qp_connects(qp, qp->remote_ip, qp->remote_qpn); }

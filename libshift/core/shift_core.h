@@ -133,6 +133,8 @@ void sc_qp_to_init(sc_qp *qp, uint32_t access);
 /* Whether this QP connects to that peer at RTR: the side with the smaller (address, QPN) connects, to the
  * peer's port (remote_qpn >> 8); the other takes the peer's connection from its listener. */
 int sc_qp_connects(const sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn);
+/* The device's address now, for the rule above: a NIC re-addressed since the QP was made (before RTR). */
+void sc_qp_set_local_ip(sc_qp *qp, uint32_t local_ip);
 /* fd: a non-blocking socket bound to the device for the side that connects (sc_qp_connects), or -1 when
  * none could be made or this side accepts; one given to the accepting side is closed. */
 void sc_qp_to_rtr(sc_qp *qp, uint32_t remote_ip, uint32_t remote_qpn, uint32_t rq_psn, uint8_t min_rnr_timer,

@@ -25,6 +25,7 @@ from libshift.shift.lost import PeerLoss
 from libshift.shift.memory import LkeyMap
 from libshift.shift.paths import PATHS, PRIMARY, depth
 from libshift.shift.policy import backup_count, backup_devices
+from libshift.shift.readdress import follow_peer_readdress
 from libshift.shift.settings import env_int
 from libshift.shift.watchers import Watchers
 from libshift.verbs import CQ, WC, Context, VerbsError, get_device_list, ibv_wc_status
@@ -114,7 +115,7 @@ class ShiftContext:
         self.control_cqs = control_cqs  # whole: the watchers started above read it
         self.keys = RemoteKeys(self.agent, len(self.backups))
         self.agent.add_listener(self._on_nic)
-        self.agent.add_listener(self.peer_loss.on_peer_nic, peers=True)
+        self.agent.add_listener(self._on_peer_nic, peers=True)
         self.agent.add_path_source(self.paths)
         if env_int("SHIFT_LINK_WATCH", 1, 0, 1):
             netdevs = {path: (ctx.device.netdev, ctx.device.netns) for path, ctx in self.devices.items()}
@@ -176,6 +177,12 @@ class ShiftContext:
         elif path in self._links_down:
             return  # the link watch was first: its move is made
         self._device_event(path, down, "nic_event")
+
+    def _on_peer_nic(self, change: NicChange) -> None:
+        """shiftd's word on a peer host's NIC: our paths to it follow a new GID, then a DOWN may leave a QP
+        with no path."""
+        follow_peer_readdress(self, change)
+        self.peer_loss.on_peer_nic(change)
 
     def _link_down(self, path: str, seen_ns: int) -> None:
         """The link watch's word (its thread): the link of `path`'s netdev stopped carrying traffic, as it
@@ -253,7 +260,7 @@ class ShiftContext:
             self.keys.close()
         if self.agent is not None:
             self.agent.remove_listener(self._on_nic)
-            self.agent.remove_listener(self.peer_loss.on_peer_nic)
+            self.agent.remove_listener(self._on_peer_nic)
             self.agent.remove_path_source(self.paths)
             if self._own_agent:
                 self.agent.close()

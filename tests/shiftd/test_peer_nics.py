@@ -91,3 +91,31 @@ def test_an_unreadable_record_is_skipped(etcd: EtcdProcess) -> None:
             assert told[0].device == "mlx5_1" and set(follower.records) == {("h0", "mlx5_1")}
 
     asyncio.run(scenario())
+
+
+def test_a_peers_nic_given_another_gid_is_told_with_the_gid_it_had(etcd: EtcdProcess) -> None:
+    """A NIC re-addressed while down (a repair), then back up: the GID change is told on its own, state
+    unchanged, so that QPs reconnect to the new GID; the return is told as usual, with no GID change."""
+
+    async def scenario() -> None:
+        peer, mine = registry(etcd, "h0"), registry(etcd, "h1")
+        await peer.start()
+        await mine.start()
+        old, new = "::ffff:198.18.0.1", "::ffff:198.18.0.99"
+        peer.put("nics/h0/mlx5_0", nic("mlx5_0", DOWN, "carrier_lost", old))
+        assert await peer.wait_synced(5)
+        async with following(peer, mine) as (_, told):
+            assert await until(lambda: len(told) == 1)
+            assert (told[0].gid, told[0].previous_gid) == (old, "")
+            peer.put("nics/h0/mlx5_0", nic("mlx5_0", DOWN, "carrier_lost", ""))  # the old address deleted
+            peer.put("nics/h0/mlx5_0", nic("mlx5_0", DOWN, "carrier_lost", new))  # ... and the new one added
+            assert await until(lambda: len(told) == 2)
+            assert (told[1].state, told[1].previous_state) == (DOWN, DOWN)
+            assert (told[1].gid, told[1].previous_gid) == (new, old)
+            peer.put("nics/h0/mlx5_0", nic("mlx5_0", UP, "recovered", new))
+            assert await until(lambda: len(told) == 3)
+            assert (told[2].state, told[2].gid, told[2].previous_gid) == (UP, new, "")
+            await asyncio.sleep(0.2)
+            assert len(told) == 3
+
+    asyncio.run(scenario())

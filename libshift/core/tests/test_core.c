@@ -588,6 +588,9 @@ static void test_the_smaller_address_and_qpn_connects(void) {
     CHECK(!sc_qp_connects(qp, 0x7f000001, 4)); /* ... and the larger accepts */
     CHECK(sc_qp_connects(qp, 0x7f000002, 1));  /* the smaller address connects, whatever the QPNs */
     CHECK(!sc_qp_connects(qp, 0x7f000000, 9));
+    sc_qp_set_local_ip(qp, 0x7f000003); /* its device re-addressed: the rule follows the new address */
+    CHECK(!sc_qp_connects(qp, 0x7f000002, 1));
+    CHECK(sc_qp_connects(qp, 0x7f000004, 1));
     sc_ctx_free(ctx);
 }
 

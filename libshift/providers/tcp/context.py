@@ -6,6 +6,7 @@ objects here hold the core's and speak the provider interface's words.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import socket
 
@@ -23,12 +24,13 @@ from libshift.providers.tcp.netdev import device_socket, netdev_ipv4, netdev_por
 from libshift.providers.tcp.qp import TcpQP
 from libshift.providers.tcp.qpns import QpnSpace
 from libshift.vocabulary.attrs import DeviceAttr, PortAttr, QPCap
-from libshift.vocabulary.errors import CQOverflowError
+from libshift.vocabulary.errors import CQOverflowError, VerbsError
 from libshift.vocabulary.wr import WC
 
 # The core takes any size memory allows; it answers as a large RNIC would, so that code sized by it fits one
 # (64 SGEs: the most the conformance suite gathers).
 LIMITS = DeviceAttr(max_cqe=(1 << 22) - 1, max_sge=64, max_qp_wr=1 << 15)
+ANY_ADDRESS = "0.0.0.0"
 
 
 class TcpContext(ProviderContext):
@@ -38,7 +40,7 @@ class TcpContext(ProviderContext):
         self.device = device
         self.address = netdev_ipv4(device.netdev, device.netns)
         self.core = _core.Context()
-        self.qpns = QpnSpace(self.new_socket, self.core.listen)
+        self.qpns = QpnSpace(self.listen_socket, self.core.listen)
         self.cqs: dict[int, TcpCQ] = {}  # by cookie, for the channel's events
 
     def gid(self) -> str:
@@ -50,9 +52,23 @@ class TcpContext(ProviderContext):
     def query_port(self) -> PortAttr:
         return netdev_port(self.device.netdev, self.device.netns)
 
+    def refresh_address(self) -> str:
+        """The netdev's address now: a NIC re-addressed (back from repair) has another, and so another GID,
+        which a QP connecting from here must use (and its peer must know: libshift/shift/readdress.py).
+        A netdev with none at the moment keeps the last one known."""
+        with contextlib.suppress(VerbsError):
+            self.address = netdev_ipv4(self.device.netdev, self.device.netns)
+        return self.address
+
     def new_socket(self) -> socket.socket:
-        """A socket for the core: in the device's namespace, bound to its netdev and address."""
+        """A socket for the core to connect with: in the device's namespace, bound to its netdev and
+        address."""
         return device_socket(self.device, self.address)
+
+    def listen_socket(self) -> socket.socket:
+        """A socket for a listener: bound to the netdev and any address on it, so that a QPN stays reachable
+        at the device's new address when the NIC is re-addressed."""
+        return device_socket(self.device, ANY_ADDRESS)
 
     def alloc_pd(self) -> TcpPD:
         return TcpPD(self)

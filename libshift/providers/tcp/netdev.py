@@ -57,7 +57,7 @@ def netdev_port(netdev: str, netns: str | None) -> PortAttr:
 
 def device_socket(device: DeviceInfo, address: str) -> socket.socket:
     """A non-blocking TCP socket in the device's namespace, bound to its netdev (SO_BINDTODEVICE) and
-    address."""
+    `address` (0.0.0.0: any of the netdev's)."""
     with device_netns(device.netns):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:

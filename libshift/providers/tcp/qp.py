@@ -95,6 +95,7 @@ class TcpQP(ProviderQP):
     def _to_rtr(self, attr: QPAttr) -> None:
         peer = rtr_peer(self.qp_num, attr)
         address = _ip(peer.address)
+        self.core.set_local_ip(_ip(self.ctx.refresh_address()))  # the NIC may have been re-addressed
         # one side connects (the core's rule), with a socket made in the device's namespace; the other accepts
         sock = self.ctx.new_socket().detach() if self.core.connects(address, peer.qpn) else -1
         self.core.to_rtr(address, peer.qpn, peer.psn & 0xFFFFFFFF, attr.min_rnr_timer, sock)

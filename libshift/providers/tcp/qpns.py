@@ -2,9 +2,10 @@
 
 RoCE reaches every QP of a device through one UDP port (4791) and tells them apart by the destination QPN in
 each packet. One TCP port per device cannot be shared that way by the several processes that use a device
-(eight training ranks to a NIC), so each context listens on ports of its own, bound to the device's address,
-and a QPN carries its listener's port: QPN = port << 8 | index, 256 QPs a listener, a new listener when
-those run out. The core accepts on the listeners and hands each connection to the QP its HELLO names.
+(eight training ranks to a NIC), so each context listens on ports of its own, bound to the device's netdev
+(any address on it: a NIC re-addressed keeps its QPNs), and a QPN carries its listener's port: QPN = port << 8
+| index, 256 QPs a listener, a new listener when those run out. The core accepts on the listeners and hands
+each connection to the QP its HELLO names.
 """
 
 from __future__ import annotations

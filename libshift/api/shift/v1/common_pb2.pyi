@@ -77,7 +77,7 @@ class Nic(_message.Message):
     def __init__(self, device: _Optional[str] = ..., netdev: _Optional[str] = ..., provider: _Optional[str] = ..., state: _Optional[_Union[NicState, str]] = ..., reason: _Optional[str] = ..., admin_up: _Optional[bool] = ..., operstate: _Optional[str] = ..., carrier: _Optional[bool] = ..., port_state: _Optional[str] = ..., fault: _Optional[_Union[FaultMode, str]] = ..., addresses: _Optional[_Iterable[str]] = ..., last_change_unix_nanos: _Optional[int] = ..., link_events: _Optional[int] = ..., gid: _Optional[str] = ..., flap_penalty: _Optional[float] = ...) -> None: ...
 
 class NicEvent(_message.Message):
-    __slots__ = ("host", "device", "netdev", "state", "previous_state", "reason", "time_unix_nanos", "monotonic_nanos", "gid", "move_off")
+    __slots__ = ("host", "device", "netdev", "state", "previous_state", "reason", "time_unix_nanos", "monotonic_nanos", "gid", "move_off", "previous_gid")
     HOST_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     NETDEV_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class NicEvent(_message.Message):
     MONOTONIC_NANOS_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
     MOVE_OFF_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_GID_FIELD_NUMBER: _ClassVar[int]
     host: str
     device: str
     netdev: str
@@ -98,7 +99,8 @@ class NicEvent(_message.Message):
     monotonic_nanos: int
     gid: str
     move_off: bool
-    def __init__(self, host: _Optional[str] = ..., device: _Optional[str] = ..., netdev: _Optional[str] = ..., state: _Optional[_Union[NicState, str]] = ..., previous_state: _Optional[_Union[NicState, str]] = ..., reason: _Optional[str] = ..., time_unix_nanos: _Optional[int] = ..., monotonic_nanos: _Optional[int] = ..., gid: _Optional[str] = ..., move_off: _Optional[bool] = ...) -> None: ...
+    previous_gid: str
+    def __init__(self, host: _Optional[str] = ..., device: _Optional[str] = ..., netdev: _Optional[str] = ..., state: _Optional[_Union[NicState, str]] = ..., previous_state: _Optional[_Union[NicState, str]] = ..., reason: _Optional[str] = ..., time_unix_nanos: _Optional[int] = ..., monotonic_nanos: _Optional[int] = ..., gid: _Optional[str] = ..., move_off: _Optional[bool] = ..., previous_gid: _Optional[str] = ...) -> None: ...
 
 class Endpoint(_message.Message):
     __slots__ = ("gid", "qpn", "psn", "device", "provider_data", "provider")
