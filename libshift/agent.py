@@ -37,6 +37,7 @@ import grpc.experimental
 
 from libshift.api.shift.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from libshift.notices import NicChange, NicState, SwitchKind, SwitchReport
+from libshift.published import gid_key, published_mrs, published_qps
 from libshift.reportqueue import ReportQueue
 from libshift.verbs import Endpoint
 
@@ -180,8 +181,8 @@ class Agent:
         self._listeners: list[NicListener] = []
         self._peer_listeners: list[NicListener] = []
         self._peer_nics: dict[str, NicChange] = {}  # by GID: peer hosts' NICs that are not UP
-        self._qps: dict[tuple[str, int], common_pb2.QpMapping] = {}
-        self._mrs: dict[tuple[str, int], common_pb2.MrMapping] = {}
+        self._qps = published_qps()
+        self._mrs = published_mrs()
         self._path_sources: list[PathSource] = []
         self._closed = threading.Event()
         self._registered = threading.Event()
@@ -306,28 +307,40 @@ class Agent:
     def publish_qp(self, primary: Endpoint, backup: Endpoint) -> None:
         mapping = common_pb2.QpMapping(primary=to_proto(primary), backup=to_proto(backup))
         with self._lock:
-            self._qps[(primary.gid, primary.qpn)] = mapping
+            self._qps.put(mapping)
         if self._registered.is_set():  # else the register publishes it
             self._call("Publish", agent_pb2.PublishRequest(agent_id=self._agent_id, qps=[mapping]))
 
     def publish_mr(self, gid: str, rkey: int, backup_gid: str, backup_rkey: int) -> None:
         mapping = common_pb2.MrMapping(gid=gid, rkey=rkey, backup_gid=backup_gid, backup_rkey=backup_rkey)
         with self._lock:
-            self._mrs[(gid, rkey)] = mapping
+            self._mrs.put(mapping)
         if self._registered.is_set():
             self._call("Publish", agent_pb2.PublishRequest(agent_id=self._agent_id, mrs=[mapping]))
 
     def withdraw_qp(self, primary: Endpoint) -> None:
         with self._lock:
-            mapping = self._qps.pop((primary.gid, primary.qpn), None)
-        if mapping is not None and self._registered.is_set():
-            self._call("Withdraw", agent_pb2.WithdrawRequest(agent_id=self._agent_id, qps=[mapping.primary]))
+            mappings = self._qps.pop((gid_key(primary.gid), primary.qpn))
+        if mappings and self._registered.is_set():
+            ends = [m.primary for m in mappings]
+            self._call("Withdraw", agent_pb2.WithdrawRequest(agent_id=self._agent_id, qps=ends))
 
     def withdraw_mr(self, gid: str, rkey: int) -> None:
         with self._lock:
-            mapping = self._mrs.pop((gid, rkey), None)
-        if mapping is not None and self._registered.is_set():
-            self._call("Withdraw", agent_pb2.WithdrawRequest(agent_id=self._agent_id, mrs=[mapping]))
+            mappings = self._mrs.pop((gid_key(gid), rkey))
+        if mappings and self._registered.is_set():
+            self._call("Withdraw", agent_pb2.WithdrawRequest(agent_id=self._agent_id, mrs=mappings))
+
+    def _readdressed(self, old: str, new: str) -> None:
+        """Our NIC's GID `old` is `new` now (shiftd's word): our mappings follow it (published.py)."""
+        with self._lock:
+            qps, mrs = self._qps.readdress(old, new), self._mrs.readdress(old, new)
+            registered = self._registered.is_set()  # else the register publishes them
+        log.info(
+            "our GID %s is %s now: %d QP and %d MR mappings published for it", old, new, len(qps), len(mrs)
+        )
+        if registered:
+            self._publish_all(qps, mrs)
 
     def lookup_qp(self, gid: str, qpn: int, wait: float = 0.0) -> Endpoint | None:
         """The backup of the peer QP (gid, qpn), waiting up to `wait` s for it to be published."""
@@ -380,8 +393,12 @@ class Agent:
         with self._lock:  # a mapping published from now on is sent by its publisher, one before by us
             self._agent_id, self.host = reply.agent_id, reply.host
             self._registered.set()
-            qps, mrs = list(self._qps.values()), list(self._mrs.values())
-        # a restarted daemon knows nothing of us: publish everything again, as many calls as it takes
+            qps, mrs = self._qps.values(), self._mrs.values()
+        # a restarted daemon knows nothing of us: publish everything again
+        self._publish_all(qps, mrs)
+
+    def _publish_all(self, qps: list[common_pb2.QpMapping], mrs: list[common_pb2.MrMapping]) -> None:
+        """Publish these, as many calls as it takes."""
         for start in range(0, len(qps), MAPPINGS_PER_CALL):
             chunk = qps[start : start + MAPPINGS_PER_CALL]
             self._call("Publish", agent_pb2.PublishRequest(agent_id=self._agent_id, qps=chunk))
@@ -484,7 +501,8 @@ class Agent:
         """Straight to the listeners, on the stream's thread: a NIC DOWN is the fastest detection."""
         change = nic_change(event)
         with self._lock:
-            if change.host and change.host != self.host:
+            peer = bool(change.host) and change.host != self.host
+            if peer:
                 if change.previous_gid:  # re-addressed: the old GID is gone
                     self._peer_nics.pop(change.previous_gid, None)
                 if change.state is NicState.UP:
@@ -495,6 +513,8 @@ class Agent:
             else:
                 self._nics[change.device] = change
                 listeners = list(self._listeners)
+        if change.previous_gid and not peer:
+            self._readdressed(change.previous_gid, change.gid)
         for listener in listeners:
             try:
                 listener(change)

@@ -347,14 +347,26 @@ class Daemon:
         log.log(level, "%s (%s): %s -> %s (%s)", record.name, spec.netdev, transition.previous.name,
                 transition.state.name, transition.reason)  # fmt: skip
 
-    def _on_readdressed(self, record: NicRecord, before: tuple[str, ...]) -> None:
+    def _on_readdressed(self, record: NicRecord, before: tuple[str, ...], replaced_gid: str) -> None:
         """A NIC's addresses changed, and with them its GID (a NIC back from repair with another address):
-        the record in etcd, which peers read for its GID, is published again at once, state change or not."""
+        the record in etcd, which peers read for its GID, is published again at once, state change or not.
+        When a new GID replaced one, the agents hear it too (the state unchanged): they publish their
+        mappings again under the new GID (libshift/agent.py)."""
         nic = self.nics.to_proto(record.name)
         log.warning("%s (%s): addresses %s -> %s, GID now %s: its record is published again", record.name,
                     record.spec.netdev, ", ".join(before) or "none", ", ".join(nic.addresses) or "none",
                     nic.gid or "none")  # fmt: skip
         self._publish_nic(record.name)
+        if replaced_gid:
+            event = admin_pb2.Event(time_unix_nanos=time.time_ns())
+            told = event.nic
+            told.host, told.device, told.netdev = self.host, record.name, record.spec.netdev
+            told.state = told.previous_state = nic.state
+            told.reason, told.time_unix_nanos = "readdressed", event.time_unix_nanos
+            told.gid, told.previous_gid = nic.gid, replaced_gid
+            told.move_off = self.nics.move_off(record.name)
+            self.bus.publish(event)
+            self.relay.pump()
 
     def _on_peer_nic(self, event: common_pb2.NicEvent) -> None:
         """A peer host's NIC changed (its shiftd's record in etcd): the agents judge their QPs to it."""

@@ -34,6 +34,7 @@ class NicRecord:
     health: NicHealth
     wall_last_change_ns: int = 0
     link_events_exported: int = 0  # how many of health.link_events shift_link_events_total counts
+    gid: str = ""  # its GID, or the last it had while it has no address (between one address and the next)
 
 
 class NicTable:
@@ -44,14 +45,15 @@ class NicTable:
         on_transition: Callable[[NicRecord, Transition], None],
         on_input: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
-        on_readdressed: Callable[[NicRecord, tuple[str, ...]], None] = lambda record, before: None,
+        on_readdressed: Callable[[NicRecord, tuple[str, ...], str], None] = lambda record, before, gid: None,
         damping: DampingConfig | None = None,
         loss: LossConfig | None = None,
     ) -> None:
         self._clock = clock
         self._on_transition = on_transition
         self._on_input = on_input  # any input may move a hold-down deadline
-        self._on_readdressed = on_readdressed  # its addresses changed, its GID with them: (record, before)
+        # its addresses changed: (record, the addresses before, the GID a new one replaced or "")
+        self._on_readdressed = on_readdressed
         self.records: dict[str, NicRecord] = {
             nic_name(spec.device, spec.port): NicRecord(
                 nic_name(spec.device, spec.port),
@@ -80,8 +82,12 @@ class NicTable:
             if record.spec.netdev == status.netdev:
                 before = record.health.link
                 self._input(record, record.health.update_link(status, self._clock()))
+                gid, replaced = gid_of_addresses(status.addresses), record.gid
+                record.gid = gid or record.gid
                 if before is not None and status.present and before.addresses != status.addresses:
-                    self._on_readdressed(record, before.addresses)
+                    self._on_readdressed(
+                        record, before.addresses, replaced if gid and gid != replaced else ""
+                    )
 
     def port_changed(self, status: PortStatus) -> None:
         record = self.records.get(nic_name(status.device, status.port))
@@ -153,7 +159,6 @@ class NicTable:
         health = record.health
         link = health.link
         port = health.port
-        ipv4 = [a for a in (link.addresses if link else ()) if ":" not in a]
         return common_pb2.Nic(
             device=device,
             netdev=record.spec.netdev,
@@ -168,7 +173,7 @@ class NicTable:
             addresses=list(link.addresses) if link else [],
             last_change_unix_nanos=record.wall_last_change_ns,
             link_events=health.link_events,
-            gid=gid_of_ipv4(ipv4[0].split("/")[0]) if ipv4 else "",
+            gid=gid_of_addresses(link.addresses) if link else "",
             flap_penalty=self.flap_penalty(device),
         )
 
@@ -178,3 +183,9 @@ class NicTable:
 
     def all_protos(self) -> list[common_pb2.Nic]:
         return [self.to_proto(device) for device in self.devices]
+
+
+def gid_of_addresses(addresses: tuple[str, ...]) -> str:
+    """A netdev's RoCE GID: its first IPv4 address, IPv4-mapped ("" without one)."""
+    ipv4 = [a for a in addresses if ":" not in a]
+    return gid_of_ipv4(ipv4[0].split("/")[0]) if ipv4 else ""

@@ -168,8 +168,8 @@ class ShiftContext:
         starts the failback or re-arms the backup."""
         down, up = change.state is NicState.DOWN or change.move_off, change.state is NicState.UP
         path = self.path_of.get(change.device)
-        if path is None or not (down or up):
-            return
+        if path is None or not (down or up) or change.previous_gid:
+            return  # a new GID, the state as it was: the agent publishes our mappings under it
         log.debug("shiftd: %s (the %s path) is %s", change.device, path, change.state.name)
         if up:
             self._links_down.discard(path)

@@ -3,6 +3,7 @@ set-up). Each context listens on ports of its own, and a QPN is its listener's p
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -114,3 +115,21 @@ def test_a_qpn_nobody_has_fails_the_first_send_at_once(ends: tuple[str, str], go
         assert (wc.wr_id, wc.status) == (1, e.IBV_WC_RETRY_EXC_ERR)
         assert time.monotonic() - started < 5
         assert qa.qp_state == e.IBV_QPS_ERR
+
+
+def test_a_device_readdressed_keeps_its_qpns_and_connects_from_its_new_gid() -> None:
+    """A NIC back from repair with another address: its context's GID and its QPs' endpoints follow, a QP
+    made before the change is reached at the new GID by the QPN it had (its listener takes any address of
+    the netdev), and one connecting from there connects from the new address, as its peer checks."""
+    with veth_contexts("vxr", "198.18.95") as (fabric, ca, cb):
+        a, b = Side(ca), Side(cb)
+        (qa, qb), host = (a.qp(), b.qp()), fabric.hosts[1]
+        old, new = host.address, "198.18.95.99"
+        for argv in (["del", f"{old}/24"], ["add", f"{new}/24"]):
+            subprocess.run(["ip", "-n", host.netns, "addr", *argv, "dev", host.netdev], check=True)
+        assert cb.query_gid() == f"::ffff:{new}"
+        assert (qb.endpoint().gid, qb.endpoint().qpn) == (f"::ffff:{new}", qb.qp_num)
+        qa.connect(bare(qb.endpoint()), QPAttr(qp_access_flags=e.ALL_ACCESS))
+        qb.connect(bare(qa.endpoint()), QPAttr(qp_access_flags=e.ALL_ACCESS))
+        send_over(a, qa, b, qb, b"to the new address")
+        send_over(b, qb, a, qa, b"from the new address")

@@ -173,17 +173,27 @@ def test_an_rdma_ports_resends_are_judged_as_tcps_are() -> None:
 
 
 def test_the_table_tells_of_a_nic_given_other_addresses_but_not_of_its_first_report_or_its_removal() -> None:
-    readdressed: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
+    readdressed: list[tuple[str, tuple[str, ...], tuple[str, ...], str]] = []
     nics = NicTable(
         [TCP],
         1.0,
         lambda record, t: None,
-        on_readdressed=lambda record, before: readdressed.append(
-            (record.name, before, record.health.link.addresses)
+        on_readdressed=lambda record, before, gid: readdressed.append(
+            (record.name, before, record.health.link.addresses, gid)
         ),
     )
     nics.link_changed(UP_LINK)  # the first report: nothing was known before
     nics.link_changed(replace(UP_LINK, carrier=False, operstate="lowerlayerdown"))  # same addresses
     nics.link_changed(replace(UP_LINK, addresses=("198.18.0.9",)))
     nics.link_changed(LinkStatus("eth0", present=False))  # removed: its addresses went with it, not changed
-    assert readdressed == [("mlx5_0", ("198.18.0.1",), ("198.18.0.9",))]
+    assert readdressed == [("mlx5_0", ("198.18.0.1",), ("198.18.0.9",), "::ffff:198.18.0.1")]
+    # back with the address it had: no GID replaced; then re-addressed the way `ip addr` does it, the old
+    # address deleted first: the GID it replaces is told when the new one comes, not the moment with none
+    nics.link_changed(replace(UP_LINK, addresses=("198.18.0.9",)))
+    nics.link_changed(replace(UP_LINK, addresses=()))
+    nics.link_changed(replace(UP_LINK, addresses=("198.18.0.7",)))
+    assert readdressed[1:] == [
+        ("mlx5_0", (), ("198.18.0.9",), ""),
+        ("mlx5_0", ("198.18.0.9",), (), ""),
+        ("mlx5_0", (), ("198.18.0.7",), "::ffff:198.18.0.9"),
+    ]

@@ -19,7 +19,9 @@ import pytest
 from labs import running_lab
 from waiting import wait_until
 
+from libshift.agent import Agent
 from libshift.api.shift.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, common_pb2
+from libshift.verbs import Endpoint
 from shiftlab import fabric, netns
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(180)]
@@ -292,11 +294,18 @@ def test_killed_daemon_keys_expire_with_its_lease(lab):
     assert wait_until(lambda: "/shift/v1/hosts/h1" in etcd_keys(lab), timeout=15)
 
 
-def test_a_nic_given_another_address_has_its_record_and_gid_published_again(lab):
+def test_a_nic_given_another_address_has_its_record_gid_and_mappings_published_again(lab):
     """h0's mlx5_1 changes its address (a NIC back from repair, re-addressed) without changing state: its
-    record in etcd, where peers read its GID, follows at once, and back again."""
+    record in etcd, where peers read its GID, follows at once, and back again. An agent's mappings follow
+    too: a QP's under the new GID as well as the old (a peer connected before names the old one, one that
+    connects now the new), an MR's backup pointing at the new GID; withdrawn, both keys go."""
     ns, netdev = lab.namespace("h0"), lab.shape.devices()["mlx5_1"]
     old, new = lab.shape.rail_address(1, 0), "198.18.1.99"
+    default, old_gid, new_gid = f"::ffff:{lab.shape.rail_address(0, 0)}", f"::ffff:{old}", f"::ffff:{new}"
+    agent = Agent.connect(str(lab.socket("h0")), "readdress")
+    assert agent is not None
+    agent.publish_qp(Endpoint(old_gid, 7 << 8, 1, "mlx5_1"), Endpoint(default, 9 << 8, 2, "mlx5_0"))
+    agent.publish_mr(default, 0x51, old_gid, 0x52)
 
     def readdress(add: str, drop: str) -> None:  # the old one first: deleting a primary takes its secondaries
         subprocess.run(["ip", "-n", ns, "addr", "del", f"{drop}/24", "dev", netdev], check=True)
@@ -312,7 +321,14 @@ def test_a_nic_given_another_address_has_its_record_and_gid_published_again(lab)
         assert etcd_nic(lab, "h0", "mlx5_1")["addresses"] == [new]
         record = etcd_nic(lab, "h0", "mlx5_1")
         assert record["state"] == "NIC_STATE_UP", record  # no state change needed for it
+        qp_keys = {f"/shift/v1/qp/{gid}/{7 << 8}" for gid in (old_gid, new_gid)}
+        assert wait_until(lambda: qp_keys <= etcd_keys(lab), timeout=10)
+        mr = json.loads(etcdctl(lab, "get", f"/shift/v1/mr/{default}/{0x51}", "--print-value-only"))
+        assert (mr["gid"], mr["backupGid"]) == (default, new_gid)
+        agent.withdraw_qp(Endpoint(new_gid, 7 << 8, 1, "mlx5_1"))
+        assert wait_until(lambda: not qp_keys & etcd_keys(lab), timeout=10)
     finally:
+        agent.close()
         readdress(old, new)
     assert wait_until(lambda: etcd_nic(lab, "h0", "mlx5_1")["gid"] == f"::ffff:{old}", timeout=10)
 

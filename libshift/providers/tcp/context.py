@@ -44,7 +44,7 @@ class TcpContext(ProviderContext):
         self.cqs: dict[int, TcpCQ] = {}  # by cookie, for the channel's events
 
     def gid(self) -> str:
-        return gid_of_ipv4(self.address)
+        return gid_of_ipv4(self.refresh_address())
 
     def query_device(self) -> DeviceAttr:
         return LIMITS

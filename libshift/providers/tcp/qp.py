@@ -67,7 +67,7 @@ class TcpQP(ProviderQP):
         return S(self.core.state)
 
     def endpoint(self) -> Endpoint:
-        return tcp_endpoint(self.ctx.device.name, self.ctx.address, self.qp_num, self.psn)
+        return tcp_endpoint(self.ctx.device.name, self.ctx.refresh_address(), self.qp_num, self.psn)
 
     def modify(self, attr: QPAttr) -> None:
         target, current = S(attr.qp_state), self.state
