@@ -3,7 +3,9 @@
 h0 streams RDMA_WRITE to h1 over one shift QP on a 2x2 lab. Each trial of a fault:
   1. a burst on the healthy path: the throughput before;
   2. the fault, on rail 0's switch (no shiftd is told, no link goes down): a lossy port towards h0 (each
-     packet dropped with the chance given, both ways), or a slow port towards h1 (tbf at the rate given);
+     packet dropped with the chance given, both ways), or a slow port towards h1 (tbf at the rate given,
+     once with shiftd's 50 ms of queue, whose drops when it is full are a loss too, and once behind a
+     queue of 5 s, which drops nothing: only the speed judge can find that one);
      t0 is when it is in place (CLOCK_REALTIME, the clock of shiftd's failover reports);
   3. a burst of --during s: the detection and the move happen in it;
   4. a burst of --after s, the fault still on: where the traffic runs now;
@@ -207,6 +209,8 @@ def main() -> int:
         except FaultSpecError as exc:
             raise SystemExit(f"--rate: {exc}") from None
         faults[f"slow {format_rate(rate)}"] = lambda lab: slow_port(lab, 0, "h1", rate)
+        # the same rate behind a queue deep enough that nothing is dropped: slow, and nothing lost
+        faults[f"slow {format_rate(rate)}, no loss"] = lambda lab: slow_port(lab, 0, "h1", rate, "5s")
     with lab_for(args) as lab:
         results = run_faults(lab, faults, args.trials, args.during, args.after)
         quiet = quiet_run(lab, args.quiet) if args.quiet > 0 else None

@@ -91,6 +91,19 @@ class LossConfig:
 
 
 @dataclass(frozen=True)
+class SlowConfig:
+    """The judge of a NIC's throughput against its own best (shiftd/slow.py; docs/operations.md)."""
+
+    window_seconds: float = 1.0  # the rate is judged over this much of monitors.tcp_loss's last polls ...
+    min_polls: int = 3  # ... once at least this many of them found the NIC's traffic held back by the network
+    enter_fraction: float = 0.1  # DEGRADED (slow) when that traffic ran at less than this share of the best
+    exit_fraction: float = 0.3  # a window at this share or more counts as healthy ...
+    hold_seconds: float = 30.0  # ... and the NIC is UP again this long after the last window that was not
+    best_half_life_seconds: float = 3600.0  # the best rate decays so: a lasting change becomes the norm
+    min_best_bytes_per_second: float = 1e6  # no verdict until the NIC has carried this much in a window
+
+
+@dataclass(frozen=True)
 class MonitorsConfig:
     netlink: bool = True
     udev: bool = True
@@ -119,6 +132,7 @@ class Config:
     health: HealthConfig = field(default_factory=HealthConfig)
     damping: DampingConfig = field(default_factory=DampingConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    slow: SlowConfig = field(default_factory=SlowConfig)
     monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     # tcp-provider devices: RDMA device name -> netdev
@@ -132,6 +146,7 @@ SECTIONS: dict[str, type] = {
     "health": HealthConfig,
     "damping": DampingConfig,
     "loss": LossConfig,
+    "slow": SlowConfig,
     "monitors": MonitorsConfig,
     "faults": FaultsConfig,
 }
@@ -230,6 +245,7 @@ def _check_ranges(name: str, section: Any) -> None:
         "health": (),
         "damping": ("reuse_threshold", "half_life_seconds", "max_suppress_seconds"),
         "loss": ("window_seconds", "min_segments", "enter_percent", "exit_percent"),
+        "slow": ("window_seconds", "min_polls", "enter_fraction", "exit_fraction", "best_half_life_seconds"),
         "monitors": ("rdma_poll_seconds", "tcp_loss_poll_seconds"),
         "faults": ("flap_period_seconds",),
         "server": ("max_message_bytes", "publish_rate", "publish_burst"),
@@ -243,6 +259,8 @@ def _check_ranges(name: str, section: Any) -> None:
         _check_damping(section)
     if name == "loss":
         _check_loss(section)
+    if name == "slow":
+        _check_slow(section)
     if name == "etcd":
         if section.lease_ttl_seconds < 2:
             raise ConfigError("etcd.lease_ttl_seconds: must be at least 2")
@@ -284,6 +302,15 @@ def _check_loss(loss: LossConfig) -> None:
         raise ConfigError("loss.exit_percent: must not be above loss.enter_percent")
     if not loss.hold_seconds >= 0:
         raise ConfigError("loss.hold_seconds: must not be negative")
+
+
+def _check_slow(slow: SlowConfig) -> None:
+    if not slow.enter_fraction <= slow.exit_fraction <= 1:
+        raise ConfigError("slow.exit_fraction: must be between slow.enter_fraction and 1")
+    if not slow.hold_seconds >= 0:
+        raise ConfigError("slow.hold_seconds: must not be negative")
+    if not slow.min_best_bytes_per_second >= 0:
+        raise ConfigError("slow.min_best_bytes_per_second: must not be negative")
 
 
 def _check_etcd_security(etcd: EtcdConfig) -> None:

@@ -87,6 +87,7 @@ class Daemon:
             on_readdressed=self._on_readdressed,
             damping=config.damping,
             loss=config.loss,
+            slow=config.slow,
         )
         self.agents = AgentTable(self.registry, self._on_agent_change)
         self.peer_nics = PeerNics(self.registry, self.host, self._on_peer_nic)
@@ -260,6 +261,9 @@ class Daemon:
                 lambda judge=record.health.loss: (
                     math.nan if judge.loss_percent is None else judge.loss_percent / 100
                 )
+            )
+            self.metrics.speed.labels(record.name, record.spec.netdev).set_function(
+                lambda judge=record.health.slow: math.nan if judge.rate is None else judge.rate / judge.best
             )
         self.metrics.etcd_up.set_function(lambda: 1 if self.registry.connected else 0)
         self.metrics.etcd_pending.set_function(lambda: self.registry.pending)

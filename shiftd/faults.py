@@ -138,10 +138,11 @@ async def _filter_both_ways(ipr: AsyncIPRoute, netdev: str, index: int, program:
         raise
 
 
-def tbf_shape(rate_bits: int) -> tuple[str, ...]:
-    """`tc`'s arguments of a tbf qdisc limiting what passes to `rate_bits` a second."""
+def tbf_shape(rate_bits: int, latency: str = TBF_LATENCY) -> tuple[str, ...]:
+    """`tc`'s arguments of a tbf qdisc limiting what passes to `rate_bits` a second, a packet waiting
+    `latency` at most before it is dropped."""
     burst = max(TBF_MIN_BURST, rate_bits // 8000)  # and at least a millisecond's worth at the rate
-    return ("tbf", "rate", format_rate(rate_bits), "burst", str(burst), "latency", TBF_LATENCY)
+    return ("tbf", "rate", format_rate(rate_bits), "burst", str(burst), "latency", latency)
 
 
 async def _rate_limit(netdev: str, rate_bits: int) -> None:

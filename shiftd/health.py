@@ -5,18 +5,21 @@ drives it from its event loop and the tests from a fake clock. Going DOWN is imm
 that is what lets libshift fail over before the transport's retry timeout; coming back is
 damped, because failing back onto a link that bounces costs more than staying on the backup:
 always by the fixed hold-down, and for a NIC that keeps flapping by its penalty (damping.py). A NIC whose
-TCP traffic is being lost (its loss judge, loss.py) is DEGRADED (retransmits) until the judge clears it.
+TCP traffic is being lost (its loss judge, loss.py) is DEGRADED (retransmits), and one whose TCP traffic
+runs far below its best (its speed judge, slow.py) DEGRADED (slow), until the judge clears it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shiftd.config import DampingConfig, LossConfig
+from shiftd.config import DampingConfig, LossConfig, SlowConfig
 from shiftd.damping import FlapDamper
 from shiftd.loss import REASON as LOSS_REASON
 from shiftd.loss import LossJudge
 from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PortStatus
+from shiftd.slow import REASON as SLOW_REASON
+from shiftd.slow import SlowJudge
 
 # An operator's fault that takes the NIC out of service: DOWN, so the agents fail over at once.
 FAULT_REASONS = {
@@ -67,11 +70,13 @@ class NicHealth:
         hold_down_seconds: float,
         damping: DampingConfig | None = None,
         loss: LossConfig | None = None,
+        slow: SlowConfig | None = None,
     ) -> None:
         self.spec = spec
         self.hold_down_seconds = hold_down_seconds
         self.damper = FlapDamper(damping or DampingConfig())
         self.loss = LossJudge(loss or LossConfig(), damping or DampingConfig())
+        self.slow = SlowJudge(slow or SlowConfig(), damping or DampingConfig())
         self.state = NicState.UNSPECIFIED
         self.reason = ""
         self.link: LinkStatus | None = None
@@ -112,6 +117,18 @@ class NicHealth:
         if not self.loss.add(now, segments, retransmitted):
             return None
         return self._evaluate(now)
+
+    def update_throughput(self, acked: int, limited: int, now: float) -> Transition | None:
+        """The bytes the NIC's TCP connections had acknowledged since the last poll, and of those the ones
+        the network held back."""
+        if not self.slow.add(now, acked, limited):
+            return None
+        return self._evaluate(now)
+
+    @property
+    def judged_bad(self) -> bool:
+        """Whether the NIC's own traffic shows it degraded (lost, or slow against its best)."""
+        return self.loss.degraded or self.slow.degraded
 
     def tick(self, now: float) -> Transition | None:
         """Let timers fire: call at next_deadline() (a late call is fine)."""
@@ -177,6 +194,8 @@ class NicHealth:
         whatever an operator did to cause it."""
         if self.loss.degraded:
             return LOSS_REASON
+        if self.slow.degraded:
+            return SLOW_REASON
         if self.fault in GRAY_FAULT_REASONS:
             return GRAY_FAULT_REASONS[self.fault]
         if self.port is not None and self.port.state not in ACTIVE_PORT_STATES:

@@ -60,6 +60,13 @@ class Metrics:
             ["device", "netdev"],
             registry=r,
         )
+        self.speed = Gauge(
+            "shift_nic_speed_ratio",
+            "The rate of the NIC's TCP traffic the network held back, over the speed judge's last window, as "
+            "a share of the NIC's best rate; NaN while too little was held back to judge.",
+            ["device", "netdev"],
+            registry=r,
+        )
         self.nic_transitions = Counter(
             "shift_nic_transitions_total",
             "Health state changes of the NIC.",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class NicState(enum.IntEnum):
@@ -70,3 +71,12 @@ class DeviceChange:
     action: str  # "add" or "remove"
     subsystem: str  # "net" or "infiniband"
     name: str  # netdev or RDMA device name
+
+
+class Traffic(NamedTuple):
+    """What a NIC's TCP sockets (or one source address's) did between two polls of the tcp_loss monitor."""
+
+    segments: int  # data segments sent, retransmissions included
+    retransmitted: int
+    acked: int  # bytes the peers acknowledged
+    limited: int  # of those, the bytes of sockets the network held back (not application-limited)

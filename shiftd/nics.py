@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from libshift.api.shift.v1 import common_pb2
 from libshift.gid import gid_of_ipv4
-from shiftd.config import DampingConfig, LossConfig
+from shiftd.config import DampingConfig, LossConfig, SlowConfig
 from shiftd.health import NicHealth, Transition
-from shiftd.nic import DeviceChange, FaultMode, LinkStatus, NicSpec, NicState, PortStatus
+from shiftd.nic import DeviceChange, FaultMode, LinkStatus, NicSpec, NicState, PortStatus, Traffic
 
 
 def nic_name(device: str, port: int) -> str:
@@ -37,6 +37,9 @@ class NicRecord:
     gid: str = ""  # its GID, or the last it had while it has no address (between one address and the next)
 
 
+NO_TRAFFIC = Traffic(0, 0, 0, 0)
+
+
 class NicTable:
     def __init__(
         self,
@@ -48,6 +51,7 @@ class NicTable:
         on_readdressed: Callable[[NicRecord, tuple[str, ...], str], None] = lambda record, before, gid: None,
         damping: DampingConfig | None = None,
         loss: LossConfig | None = None,
+        slow: SlowConfig | None = None,
     ) -> None:
         self._clock = clock
         self._on_transition = on_transition
@@ -58,7 +62,7 @@ class NicTable:
             nic_name(spec.device, spec.port): NicRecord(
                 nic_name(spec.device, spec.port),
                 spec,
-                NicHealth(spec, hold_down, damping, loss),
+                NicHealth(spec, hold_down, damping, loss, slow),
                 time.time_ns(),
             )
             for spec in specs
@@ -101,17 +105,18 @@ class NicTable:
                 present = change.action == "add"
                 self._input(record, record.health.set_present(present, self._clock()))
 
-    def traffic_sent(self, by_source: dict[str, tuple[int, int]]) -> None:
-        """The TCP segments sent, and sent again, from each source address since the last poll (tcp_loss):
-        every NIC with an address hears its share, nothing included, so its loss judge sees time pass."""
+    def traffic_sent(self, by_source: dict[str, Traffic]) -> None:
+        """What the TCP sockets of each source address did since the last poll (tcp_loss): every NIC with an
+        address hears its share, nothing included, so that its judges see time pass."""
         now = self._clock()
         for record in self.records.values():
             addresses = record.health.link.addresses if record.health.link else ()
             if not addresses:
                 continue
-            shares = [by_source.get(address, (0, 0)) for address in addresses]
-            segments, retransmitted = sum(s for s, _ in shares), sum(r for _, r in shares)
-            self._apply(record, record.health.update_traffic(segments, retransmitted, now))
+            shares = [by_source.get(address, NO_TRAFFIC) for address in addresses]
+            total = Traffic(*(sum(column) for column in zip(*shares, strict=True)))
+            self._apply(record, record.health.update_traffic(total.segments, total.retransmitted, now))
+            self._apply(record, record.health.update_throughput(total.acked, total.limited, now))
 
     def port_sent(self, device: str, port: int, packets: int, retransmitted: int) -> None:
         """An RDMA port's packets sent, and retransmissions, since the last poll (rdma_sysfs)."""
@@ -120,12 +125,13 @@ class NicTable:
             self._apply(record, record.health.update_traffic(packets, retransmitted, self._clock()))
 
     def move_off(self, device: str) -> bool:
-        """Whether the agents should move their traffic off `device`: its own traffic is being lost
-        (DEGRADED, retransmits) and another NIC of the host is UP and not losing what it carries."""
-        if not self.get(device).health.loss.degraded:
+        """Whether the agents should move their traffic off `device`: its own traffic is being lost or runs
+        far below its best (DEGRADED, retransmits or slow) and another NIC of the host is UP and shows
+        neither."""
+        if not self.get(device).health.judged_bad:
             return False
         return any(
-            record.health.state is NicState.UP and not record.health.loss.degraded
+            record.health.state is NicState.UP and not record.health.judged_bad
             for name, record in self.records.items()
             if name != device
         )

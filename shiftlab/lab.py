@@ -242,8 +242,9 @@ class Lab:
             "[health]\nhold_down_seconds = 1.0\n\n"
             # the defaults' thresholds on a lab's time scale: a few bounces within seconds are damped
             "[damping]\nhalf_life_seconds = 1.0\nmax_suppress_seconds = 8.0\n\n"
-            # a NIC found losing its traffic is tried again after 5 s, not 30
+            # a NIC found losing its traffic, or slow, is tried again after 5 s, not 30
             "[loss]\nhold_seconds = 5.0\n\n"
+            "[slow]\nhold_seconds = 5.0\n\n"
             f"{devices}"
         )
 

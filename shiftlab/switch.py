@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from shiftd.faults import random_drop_program, tbf_shape
+from shiftd.faults import TBF_LATENCY, random_drop_program, tbf_shape
 from shiftlab.lab import Lab
 
 
@@ -35,11 +35,14 @@ def lossy_port(lab: Lab, rail: int, towards: str, percent: float) -> Iterator[No
 
 
 @contextmanager
-def slow_port(lab: Lab, rail: int, towards: str, rate_bits: int) -> Iterator[None]:
+def slow_port(
+    lab: Lab, rail: int, towards: str, rate_bits: int, latency: str = TBF_LATENCY
+) -> Iterator[None]:
     """Rail `rail`'s switch port passes what it sends towards host `towards` at `rate_bits` a second at
-    most, until the block ends (shiftd's slow fault: a root tbf)."""
+    most, until the block ends (shiftd's slow fault: a root tbf). A packet waits `latency` at most in its
+    queue, then is dropped: a queue deep enough ("5s") makes a slow link that loses nothing."""
     tc = ["tc", "-n", lab.shape.rail_ns(rail), "qdisc"]
-    subprocess.run([*tc, "add", "dev", towards, "root", *tbf_shape(rate_bits)], check=True)
+    subprocess.run([*tc, "add", "dev", towards, "root", *tbf_shape(rate_bits, latency)], check=True)
     try:
         yield
     finally:

@@ -1,11 +1,17 @@
-"""The NICs' TCP retransmissions from sock_diag -> what each NIC sent and resent, every poll.
+"""The NICs' TCP traffic from sock_diag -> what each NIC sent, resent and had acknowledged, every poll.
 
-A lossy link shows nowhere in the link's state; it shows in the transport. Every poll this monitor dumps
-the namespace's established TCP sockets with their tcp_info (NETLINK_SOCK_DIAG, as `ss -ti` does), takes
-from each its data segments sent (tcpi_data_segs_out, retransmissions included) and its retransmissions
-(tcpi_total_retrans), and adds what each socket sent since the last poll to the NIC whose address it is
-bound to. The tcp provider's connections are such sockets, and so is any other TCP traffic over the NIC:
-all of it is evidence of the link. The health machines' loss judges (shiftd/loss.py) decide what it means.
+A lossy or slow link shows nowhere in the link's state; it shows in the transport. Every poll this monitor
+dumps the namespace's established TCP sockets with their tcp_info (NETLINK_SOCK_DIAG, as `ss -ti` does),
+takes from each its data segments sent (tcpi_data_segs_out, retransmissions included), its
+retransmissions (tcpi_total_retrans) and the bytes its peer acknowledged (tcpi_bytes_acked), and adds what
+each socket did since the last poll to the NIC whose address it is bound to. The bytes acknowledged count
+twice: all of them, and those of sockets the network held back: not the application (the kernel's
+tcpi_delivery_rate_app_limited clear: the socket had more to send than the path took), and not the
+receiver (the window the peer advertises, tcpi_snd_wnd, is not nearly closed: a peer slow to read is no
+slow link; a deep queue on the way keeps it open). The tcp provider's
+connections are such sockets, and so is any other TCP traffic over the NIC: all of it is evidence of the
+link. The health machines' judges decide what it means: the loss judge (shiftd/loss.py) and the speed
+judge (shiftd/slow.py).
 
 The first dump only sets the baseline (a socket's counters since its start say nothing of now); a socket
 that appears later counts from zero, since it was not established at the last poll. On a kernel without
@@ -24,6 +30,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from shiftd.monitors import register
 from shiftd.monitors.netlink import NLMSG, RECV_BYTES, attributes
+from shiftd.nic import Traffic
 
 if TYPE_CHECKING:
     from shiftd.config import MonitorsConfig
@@ -43,18 +50,27 @@ DIAG_REQUEST = struct.Struct("=BBBxI48x")
 # inet_diag_msg: family, 3 bytes of state; id: ports, source address (16 bytes, IPv4 in the first 4),
 # destination, interface, cookie; then expires, queues, uid, inode
 DIAG_MSG = struct.Struct("=B3x4x4s12x16x4xQ20x")
-# tcp_info up to tcpi_data_segs_out (Linux 4.6): tcpi_total_retrans at 100, tcpi_data_segs_out at 156
-TCP_INFO = struct.Struct("=100xI52xI")
+# tcp_info up to tcpi_data_segs_out (Linux 4.6): the flags byte with tcpi_delivery_rate_app_limited (its
+# bit 0) at 7, tcpi_total_retrans at 100, tcpi_bytes_acked at 120, tcpi_data_segs_out at 156
+TCP_INFO = struct.Struct("=7xB92xI16xQ28xI")
+APP_LIMITED = 0x1
+# and beyond it (Linux 5.4), read when there: tcpi_snd_wnd at 228, the window the peer advertises
+PEER_WINDOW = struct.Struct("=228xI")
+WINDOW_CLOSED = 64 << 10  # a peer advertising less is reading slower than it is sent to
 INFO_ATTR = frozenset((INET_DIAG_INFO,))
 
 
 class SocketCounts(NamedTuple):
-    """One established TCP socket's counters: its source address, data segments sent, retransmitted."""
+    """One established TCP socket's counters: its source address, data segments sent, retransmitted, the
+    bytes acknowledged, and whether its last rate sample was the application's doing (it ran out of data)."""
 
     cookie: int
     source: str
     segments: int
     retransmitted: int
+    acked: int
+    app_limited: bool
+    peer_window: int | None = None  # the window its peer advertises (None: a kernel before 5.4)
 
 
 class DiagError(OSError):
@@ -91,25 +107,43 @@ def decode(data: bytes | bytearray) -> Iterator[SocketCounts | None]:
         info = attributes(data, body + DIAG_MSG.size, end, INFO_ATTR).get(INET_DIAG_INFO)
         if family != socket.AF_INET or info is None or len(info) < TCP_INFO.size:
             continue
-        retransmitted, segments = TCP_INFO.unpack_from(info)
-        yield SocketCounts(cookie, socket.inet_ntop(socket.AF_INET, source), segments, retransmitted)
+        flags, retransmitted, acked, segments = TCP_INFO.unpack_from(info)
+        window = PEER_WINDOW.unpack_from(info)[0] if len(info) >= PEER_WINDOW.size else None
+        source_address = socket.inet_ntop(socket.AF_INET, source)
+        app_limited = bool(flags & APP_LIMITED)
+        yield SocketCounts(cookie, source_address, segments, retransmitted, acked, app_limited, window)
 
 
 def _strerror(error: int) -> str:
     return os.strerror(error) if error > 0 else "malformed error message"
 
 
-def sent_since(last: dict[int, SocketCounts], now: dict[int, SocketCounts]) -> dict[str, tuple[int, int]]:
-    """Per source address, the (segments, retransmitted) its sockets sent between two dumps."""
-    sent: dict[str, tuple[int, int]] = {}
+def sent_since(last: dict[int, SocketCounts], now: dict[int, SocketCounts]) -> dict[str, Traffic]:
+    """Per source address, what its sockets did between two dumps (a new socket: since it began)."""
+    sent: dict[str, Traffic] = {}
     for cookie, counts in now.items():
+        done = _counters(counts)
         before = last.get(cookie)
-        segments, retransmitted = counts.segments, counts.retransmitted
-        if before is not None and before.segments <= segments and before.retransmitted <= retransmitted:
-            segments, retransmitted = segments - before.segments, retransmitted - before.retransmitted
-        total = sent.get(counts.source, (0, 0))
-        sent[counts.source] = (total[0] + segments, total[1] + retransmitted)
+        if before is not None:
+            done_before = _counters(before)
+            if all(b <= n for b, n in zip(done_before, done, strict=True)):
+                done = tuple(n - b for b, n in zip(done_before, done, strict=True))
+        segments, retransmitted, acked = done
+        reader_slow = counts.peer_window is not None and counts.peer_window < WINDOW_CLOSED
+        held = not counts.app_limited and not reader_slow
+        total = sent.get(counts.source, Traffic(0, 0, 0, 0))
+        sent[counts.source] = Traffic(
+            total.segments + segments,
+            total.retransmitted + retransmitted,
+            total.acked + acked,
+            total.limited + (acked if held else 0),
+        )
     return sent
+
+
+def _counters(counts: SocketCounts) -> tuple[int, ...]:
+    """What grows in a socket's counts: segments sent, retransmitted, bytes acknowledged."""
+    return (counts.segments, counts.retransmitted, counts.acked)
 
 
 class TcpLossMonitor:
@@ -117,7 +151,7 @@ class TcpLossMonitor:
     last dump to `on_sent`, every poll (the table gives each NIC its share, nothing included: a judge needs
     time to pass)."""
 
-    def __init__(self, interval: float, on_sent: Callable[[dict[str, tuple[int, int]]], None]) -> None:
+    def __init__(self, interval: float, on_sent: Callable[[dict[str, Traffic]], None]) -> None:
         self.interval = interval
         self.on_sent = on_sent
         self._sequence = 0

@@ -10,7 +10,7 @@ import pytest
 from shiftd.config import DampingConfig, LossConfig
 from shiftd.health import NicHealth
 from shiftd.loss import LossJudge
-from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PortStatus
+from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PortStatus, Traffic
 from shiftd.nics import NicTable
 
 POLL = 0.1
@@ -133,6 +133,11 @@ def test_a_down_nic_stays_down_whatever_its_traffic_says() -> None:
     assert (health.state, health.reason) == (NicState.DOWN, "carrier_lost")
 
 
+def lost(segments: int, retransmitted: int) -> Traffic:
+    """A poll's traffic of segments sent and resent (no bytes acknowledged: nothing for the speed judge)."""
+    return Traffic(segments, retransmitted, 0, 0)
+
+
 def table(*transitions: list) -> NicTable:
     specs = [TCP, NicSpec("mlx5_1", "eth1", "tcp")]
     nics = NicTable(specs, 1.0, lambda record, t: transitions[0].append(t) if transitions else None)
@@ -145,7 +150,7 @@ def test_the_table_gives_each_nic_the_traffic_of_its_addresses() -> None:
     seen: list = []
     nics = table(seen)
     seen.clear()
-    nics.traffic_sent({"198.18.0.1": (500, 50), "198.18.1.1": (500, 0), "10.0.0.1": (500, 500)})
+    nics.traffic_sent({"198.18.0.1": lost(500, 50), "198.18.1.1": lost(500, 0), "10.0.0.1": lost(500, 500)})
     assert [(t.device, t.state, t.reason) for t in seen] == [("mlx5_0", NicState.DEGRADED, "retransmits")]
     assert nics.get("mlx5_1").health.loss.loss_percent == 0.0
 
@@ -153,12 +158,12 @@ def test_the_table_gives_each_nic_the_traffic_of_its_addresses() -> None:
 def test_move_off_only_a_lossy_nic_with_a_healthy_one_beside_it() -> None:
     nics = table()
     assert not nics.move_off("mlx5_0")  # nothing lost
-    nics.traffic_sent({"198.18.0.1": (500, 50)})
+    nics.traffic_sent({"198.18.0.1": lost(500, 50)})
     assert nics.move_off("mlx5_0")
     nics.link_changed(replace(UP_LINK, netdev="eth1", carrier=False, operstate="lowerlayerdown"))
     assert not nics.move_off("mlx5_0")  # the other NIC is DOWN: better a lossy NIC than none
     both = table()
-    both.traffic_sent({"198.18.0.1": (500, 50), "198.18.1.1": (500, 50)})
+    both.traffic_sent({"198.18.0.1": lost(500, 50), "198.18.1.1": lost(500, 50)})
     assert not both.move_off("mlx5_0")  # both lose: no better place to go
 
 

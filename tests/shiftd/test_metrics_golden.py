@@ -24,7 +24,7 @@ from libshift.api.shift.v1 import common_pb2
 from shiftd import __version__
 from shiftd.config import DampingConfig
 from shiftd.daemon import BOOKKEEPING_DELAY, Daemon
-from shiftd.nic import LinkStatus, PortStatus
+from shiftd.nic import LinkStatus, PortStatus, Traffic
 from shiftd.peercred import PeerCred
 
 GOLDEN = Path(__file__).parents[1] / "fixtures" / "metrics" / "golden.txt"
@@ -46,7 +46,7 @@ async def bring_to_state(daemon: Daemon) -> None:
     nics.link_changed(up("ens1f1np1", "198.18.1.10"))
     nics.link_changed(up("lo", "127.0.0.1"))
     nics.link_changed(LinkStatus("ens1f1np1", present=True, admin_up=True, operstate="down"))
-    nics.traffic_sent({"198.18.0.10": (1000, 5)})  # mlx5_0's TCP traffic: 0.5% resent, not yet lossy
+    nics.traffic_sent({"198.18.0.10": Traffic(1000, 5, 0, 0)})  # mlx5_0: 0.5% resent, not yet lossy
     await asyncio.sleep(4 * BOOKKEEPING_DELAY)  # the metrics follow a transition after this delay
 
     info = daemon.agents.register("unix:agent", AGENT, AGENT.pid, "trainer", "job-7")

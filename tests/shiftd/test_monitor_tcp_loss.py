@@ -38,7 +38,15 @@ def message(kind: int, body: bytes) -> bytes:
 
 
 def diag_socket(
-    source: str, cookie: int, retransmitted: int, segments: int, family: int = socket.AF_INET
+    source: str,
+    cookie: int,
+    retransmitted: int,
+    segments: int,
+    family: int = socket.AF_INET,
+    acked: int = 0,
+    app_limited: bool = False,
+    peer_window: int = 1 << 20,
+    info_bytes: int = 248,
 ) -> bytes:
     """An inet_diag_msg with its tcp_info (Linux 6's is 248 bytes; the reader needs 160)."""
     head = bytearray(DIAG_MSG.size)
@@ -46,21 +54,26 @@ def diag_socket(
     head[8:12] = socket.inet_aton(source)
     struct.pack_into("=Q", head, 44, cookie)
     info = bytearray(248)
+    info[6] = 0x77  # the window scales, beside the flags byte: not read as its flags
+    info[7] = 0x6 | int(app_limited)  # tcpi_fastopen_client_fail's bits beside the one read
     struct.pack_into("=I", info, 100, retransmitted)
+    struct.pack_into("=Q", info, 120, acked)
     struct.pack_into("=I", info, 156, segments)
+    struct.pack_into("=I", info, 228, peer_window)
+    info = info[:info_bytes]
     attr = struct.pack("=HH", 4 + len(info), INET_DIAG_INFO) + info
     return message(SOCK_DIAG_BY_FAMILY, bytes(head) + attr)
 
 
 def test_decode_reads_each_socket_and_the_end_of_the_dump() -> None:
     data = (
-        diag_socket("198.18.0.1", 7, 3, 100)
-        + diag_socket("198.18.1.1", 8, 0, 50)
+        diag_socket("198.18.0.1", 7, 3, 100, acked=1 << 40, peer_window=12345)
+        + diag_socket("198.18.1.1", 8, 0, 50, acked=4096, app_limited=True)
         + message(NLMSG_DONE, b"\0" * 4)
     )
     assert list(decode(data)) == [
-        SocketCounts(7, "198.18.0.1", 100, 3),
-        SocketCounts(8, "198.18.1.1", 50, 0),
+        SocketCounts(7, "198.18.0.1", 100, 3, 1 << 40, False, 12345),
+        SocketCounts(8, "198.18.1.1", 50, 0, 4096, True, 1 << 20),
         None,
     ]
 
@@ -74,7 +87,14 @@ def test_decode_skips_what_it_cannot_read_whole_and_never_reads_past_the_bytes()
     short_info = NLMSG.pack(len(short_info), SOCK_DIAG_BY_FAMILY, 0, 1, 0) + short_info[NLMSG.size :]
     lying = bytearray(whole)
     struct.pack_into("=H", lying, NLMSG.size + DIAG_MSG.size, 0xFFFF)  # an attribute longer than the message
-    assert list(decode(ipv6 + short_info + bytes(lying) + whole)) == [SocketCounts(7, "198.18.0.1", 100, 3)]
+    expected = [SocketCounts(7, "198.18.0.1", 100, 3, 0, False, 1 << 20)]
+    assert list(decode(ipv6 + short_info + bytes(lying) + whole)) == expected
+
+
+def test_a_tcp_info_without_the_peers_window_is_read_without_it() -> None:
+    """Linux 4.6-5.3: tcp_info ends before tcpi_snd_wnd; the rest is read as ever."""
+    old_kernel = diag_socket("198.18.0.1", 7, 3, 100, acked=5000, info_bytes=160)
+    assert list(decode(old_kernel)) == [SocketCounts(7, "198.18.0.1", 100, 3, 5000, False, None)]
 
 
 def test_an_error_answer_is_a_diag_error_naming_the_cause() -> None:
@@ -83,13 +103,21 @@ def test_an_error_answer_is_a_diag_error_naming_the_cause() -> None:
 
 
 def test_sent_since_counts_each_socket_from_its_last_dump_or_from_zero_when_new() -> None:
-    last = {1: SocketCounts(1, "a", 100, 1), 2: SocketCounts(2, "b", 50, 0), 3: SocketCounts(3, "a", 10, 0)}
+    last = {
+        1: SocketCounts(1, "a", 100, 1, 1000, False),
+        2: SocketCounts(2, "b", 50, 0, 500, True),
+        3: SocketCounts(3, "a", 10, 0, 100, False),
+    }
     now = {
-        1: SocketCounts(1, "a", 300, 11),  # 200 sent, 10 of them again
-        2: SocketCounts(2, "b", 50, 0),  # quiet
-        4: SocketCounts(4, "a", 40, 2),  # new: everything since it was established
+        1: SocketCounts(1, "a", 300, 11, 9000, False),  # 200 sent, 10 of them again, 8000 bytes acked
+        2: SocketCounts(2, "b", 50, 0, 500, True),  # quiet
+        4: SocketCounts(4, "a", 40, 2, 300, True),  # new: everything since it was established
+        5: SocketCounts(5, "b", 10, 0, 700, False, 4096),  # its peer's window nearly closed: a slow reader
     }  # socket 3 closed: what it sent since the last dump is not known, and not counted
-    assert sent_since(last, now) == {"a": (240, 12), "b": (0, 0)}
+    # the bytes the network held back: those of sockets limited neither by the application nor the reader
+    assert sent_since(last, now) == {"a": (240, 12, 8300, 8000), "b": (10, 0, 700, 0)}
+    restarted = {1: SocketCounts(1, "a", 5, 0, 10, False)}  # counters below the last dump's: taken whole
+    assert sent_since(last, restarted) == {"a": (5, 0, 10, 10)}
 
 
 def stream_loss(pair: VethPair, loop: NetnsLoop, at_least: int) -> tuple[float, int]:
@@ -108,7 +136,7 @@ def stream_loss(pair: VethPair, loop: NetnsLoop, at_least: int) -> tuple[float, 
         while not counted:  # the baseline dump is taken: the stream's socket is new to it
             loop.call(asyncio.sleep(0.05))
         for _ in range(STREAMS):
-            tcp_rate(h0.netns, h1.netns, h1.address, seconds=1.0, chunk_bytes=64 << 10)
+            tcp_rate(h0.netns, h1.netns, h1.address, seconds=1.0, chunk_bytes=16 << 10)  # each within 5 s
             loop.call(asyncio.sleep(0.2))  # a last poll after the stream ended
             if total(0) >= at_least:
                 break

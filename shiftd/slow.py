@@ -1,0 +1,72 @@
+"""Whether a NIC carries its traffic far slower than it has: the judge of one NIC's throughput (a slow path).
+
+A port that trained at a lower speed, or a link shaped or policed somewhere on the way, loses little or
+nothing; what shows it is throughput. The tcp_loss monitor counts, every poll, the bytes the NIC's TCP
+connections had acknowledged, and among them those of connections the network held back (they had more to
+send than the path took, and a peer ready for it: shiftd/monitors/tcp_loss.py). This judge keeps the NIC's
+best rate, the rate of a window of `window_seconds` taken while the NIC was judged healthy (decaying with
+`best_half_life_seconds`, so that a lasting change becomes the norm), and judges:
+
+- slow once a window holds at least `min_polls` polls whose traffic the network held back, and that traffic
+  ran at less than `enter_fraction` of the best. Only such polls count: an application that computes, waits
+  or sends little is not a slow link. A loaded healthy link runs its held-back traffic at its capacity, and
+  congestion elsewhere costs a share of it, far above the fraction;
+- healthy again once `hold_seconds` have passed since the last window below `exit_fraction`, with the
+  damper's back-off (verdict.py: the hysteresis both judges share).
+
+What it cannot see: a NIC slow since its first byte (it has no best yet: `min_best_bytes_per_second`), and
+RDMA traffic, whose ports count bytes but not whether the application kept them busy.
+
+Pure like the health machine that owns it: every call carries `now`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from shiftd.config import DampingConfig, SlowConfig
+from shiftd.verdict import Judge
+
+REASON = "slow"
+
+
+class SlowJudge(Judge):
+    def __init__(self, config: SlowConfig, damping: DampingConfig) -> None:
+        super().__init__(config.hold_seconds, damping)
+        self.config = config
+        self.best = 0.0  # bytes a second, decaying
+        self.rate: float | None = None  # the last window's held-back rate; None without enough polls
+        self._best_at: float | None = None
+        self._last: float | None = None  # the last poll's time
+        self._polls: deque[tuple[float, float, int, int]] = deque()  # (now, seconds, acked, held back)
+
+    def add(self, now: float, acked: int, limited: int) -> bool:
+        """One poll's bytes acknowledged, and of those the held-back ones; whether the verdict changed."""
+        seconds = 0.0 if self._last is None else now - self._last
+        self._last = now
+        self._polls.append((now, seconds, acked, limited))
+        window = self.config.window_seconds
+        while self._polls[0][0] <= now - window:
+            self._polls.popleft()
+        held = [(s, b) for _, s, a, b in self._polls if s > 0 and 2 * b >= a > 0]
+        held_seconds = sum(s for s, _ in held)
+        enough = len(held) >= self.config.min_polls and self.best >= self.config.min_best_bytes_per_second
+        self.rate = sum(b for _, b in held) / held_seconds if enough else None
+        seconds_seen = sum(s for _, s, _, _ in self._polls)
+        if not self.degraded and seconds_seen >= 0.9 * window:  # a whole window: what the NIC carried
+            self._learn(now, sum(a for _, _, a, _ in self._polls) / seconds_seen)
+        if self.rate is None:
+            return self.verdict.judge(now, False, False, False)
+        config = self.config
+        return self.verdict.judge(
+            now,
+            True,
+            self.rate < config.enter_fraction * self.best,
+            self.rate < config.exit_fraction * self.best,
+        )
+
+    def _learn(self, now: float, rate: float) -> None:
+        if self._best_at is not None:
+            self.best *= 0.5 ** ((now - self._best_at) / self.config.best_half_life_seconds)
+        self._best_at = now
+        self.best = max(self.best, rate)
