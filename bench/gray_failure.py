@@ -40,6 +40,7 @@ from shiftlab.lab import Lab
 from shiftlab.switch import lossy_port, slow_port
 
 PEER_ARGS = ("--mode", "write", "--size", "65536", "--window", "16")
+DEGRADED = common_pb2.NIC_STATE_DEGRADED
 TARGET_MOVE_S = 1.0  # at 5% loss: moved within a second ...
 TARGET_AFTER = 0.9  # ... and running at 0.9 of the healthy throughput on the backup
 
@@ -78,6 +79,19 @@ def failovers(lab: Lab) -> int:
     return total
 
 
+def verdicts(lab: Lab) -> str:
+    """The DEGRADED NICs of rail 0 now, with the judges' reasons ("h0 slow"): which judge moved them."""
+    found = []
+    for host in lab.host_names:
+        client = Client(str(lab.socket(host)), 30.0)
+        try:
+            nics = client.admin.ListNics(admin_pb2.ListNicsRequest(), timeout=30).nics
+        finally:
+            client.close()
+        found += [f"{host} {n.reason}" for n in nics if n.device == "mlx5_0" and n.state == DEGRADED]
+    return ",".join(found)
+
+
 def burst(pair: Pair, seconds: float) -> float:
     """Stream for `seconds`; bytes a second delivered."""
     answer = pair.sender.ask("burst", timeout=seconds + 60, burst=seconds)
@@ -93,6 +107,7 @@ def trial(lab: Lab, pair: Pair, fault: Fault, during: float, after: float) -> di
         rate_during = burst(pair, during)
         rate_after = burst(pair, after)
         moved = failovers_since(lab, t0)
+        verdict = verdicts(lab)  # within the judge's hold still
     pair.settle()  # home again: the judge's hold has passed with nothing lost
     found = [f"{host} {r.reason}" for host, r in moved if r.reason != "peer_notification"]
     return {
@@ -101,6 +116,7 @@ def trial(lab: Lab, pair: Pair, fault: Fault, during: float, after: float) -> di
         "after": rate_after / before,
         "moved_s": (moved[0][1].time_unix_nanos / 1e9 - t0) if moved else None,
         "found_by": found[0] if found else "",
+        "verdict": verdict,
         "moves": len(found),
     }
 
@@ -139,29 +155,33 @@ def median_or_none(values: list[float | None]) -> float | None:
 def print_table(results: dict[str, list], quiet: dict[str, float] | None, detect: str) -> None:
     print("\nGray failures on rail 0's switch, h0 -> h1 RDMA_WRITE 64 KiB, one shift QP (trials' medians);")
     print(f"the default path's SHIFT_DETECT_TIMEOUT {detect}\n")
+    width = max(len("fault"), *(len(name) for name in results))
     header = (
-        f"{'fault':14} {'trials':>6} {'moved':>5} {'to move (s)':>11} {'found by':>22} {'moves':>5} "
-        f"{'before MB/s':>11} {'during':>6} {'after':>6}"
+        f"{'fault':{width}} {'trials':>6} {'moved':>5} {'to move (s)':>11} {'found by':>22} {'verdict':>16} "
+        f"{'moves':>5} {'before MB/s':>11} {'during':>6} {'after':>6}"
     )
     print(header)
     print("-" * len(header))
     for name, trials in results.items():
         moved = [t["moved_s"] for t in trials]
         found = sorted({t["found_by"] for t in trials if t["found_by"]})
+        verdict = sorted({t["verdict"] for t in trials if t["verdict"]})
         to_move = median_or_none(moved)
         before, during, after, moves = (
             statistics.median(t[k] for t in trials) for k in ("before", "during", "after", "moves")
         )
         print(
-            f"{name:14} {len(trials):6d} {sum(m is not None for m in moved):5d} "
-            f"{'-' if to_move is None else f'{to_move:.2f}':>11} {','.join(found) or '-':>22} {moves:5g} "
+            f"{name:{width}} {len(trials):6d} {sum(m is not None for m in moved):5d} "
+            f"{'-' if to_move is None else f'{to_move:.2f}':>11} {','.join(found) or '-':>22} "
+            f"{','.join(verdict) or '-':>16} {moves:5g} "
             f"{before / 1e6:11.0f} {during:6.2f} {after:6.2f}"
         )
     print(
         "\n- during, after: throughput in the burst with the fault (detection and move included) and in the"
         "\n  one after it, as ratios of the healthy one before (after: on the backup if the traffic moved)."
-        "\n- found by: the host that moved first and why; moves: the trial's detections (a failback onto a"
-        "\n  link still lossy is found again)."
+        "\n- found by: the host that moved first and why (nic_event: a judge of shiftd's); verdict: the"
+        "\n  NICs shiftd held DEGRADED at the end, and its judge's reason (retransmits, slow); moves: the"
+        "\n  trial's detections (a failback onto a link still lossy is found again)."
         f"\n- the target at 5% loss: moved within {TARGET_MOVE_S:g} s, after >= {TARGET_AFTER:g}."
     )
     if quiet is not None:

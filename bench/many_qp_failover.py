@@ -6,6 +6,10 @@ down (t0: just before the netlink request is sent) and times, for every QP, the 
 of a WR posted after t0 (it can only have gone over the backup): the first QP, the median QP and the last
 QP, i.e. when all carry traffic again. The port then comes back and all QPs fail back before the next trial.
 
+The floor: the same measure with no fault, as many rounds as trials, on the shift QPs and on the bare
+provider's: t0 is now, the sender is told it as in a trial, and the rounds time its loop until every QP
+has completed a WR posted after t0. A trial cannot be faster than that loop with nothing failed.
+
 Memory: the same program with the bare provider's QPs (--plain: no backup QP, no control MRs, no shiftd)
 gives the baseline; the resident memory the QPs add (after connecting and streaming), shift minus plain,
 divided by the QP count, is what each backup costs (backup QP, its connection, control MRs, ledger).
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -29,13 +34,29 @@ from failover_lab import Pair, arguments, lab_for, progress, save, summary, swit
 from shiftlab.lab import Lab
 
 STREAM = ("--mode", "write", "--size", "4096", "--window", "1")
+Samples = list[dict[str, float]]  # per trial or round: ms from t0 to the first, the median and the last QP
 
 
-def memory(lab: Lab, qps: int, plain: bool) -> dict[str, float]:
-    """KiB of resident memory the QPs add on each side, connected and after a short stream."""
+def memory(lab: Lab, qps: int, plain: bool, rounds: int) -> tuple[dict[str, float], Samples]:
+    """KiB of resident memory the QPs add on each side, connected and after a short stream; and `rounds`
+    of the storm's measure with no fault (no_fault)."""
     with Pair(lab, *STREAM, "--qps", str(qps), *(["--plain"] if plain else [])) as pair:
         pair.sender.ask("burst", burst=1.0)
-        return added_rss(pair, pair.stop())
+        pair.sender.send(stream=True)
+        floors = [no_fault(pair) for _ in range(rounds)]
+        return added_rss(pair, pair.stop()), floors
+
+
+def no_fault(pair: Pair) -> dict[str, float]:
+    """The storm's measure with no fault, on a stream: from now (t0) until every QP has completed a WR
+    posted after t0, the sender told t0 as in a trial. What the application's loop over the QPs costs by
+    itself: the floor under a trial's figures."""
+    time.sleep(0.5)
+    t0 = time.monotonic_ns()
+    resumed = pair.sender.ask("resumed", mark=t0, after=t0, timeout=120)
+    if not resumed["resumed"]:
+        raise SystemExit(f"with no fault, only {resumed['qps']} QPs completed a WR: {resumed}")
+    return {k: (resumed[f"{k}_ns"] - t0) / 1e6 for k in ("first", "median", "all")}
 
 
 def added_rss(pair: Pair, done: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, float]:
@@ -48,7 +69,9 @@ def added_rss(pair: Pair, done: tuple[dict[str, Any], dict[str, Any]]) -> dict[s
 
 def failovers(
     lab: Lab, qps: int, trials: int, keep_steps: bool
-) -> tuple[list[dict[str, float]], float, dict[str, float], dict[str, list[float]]]:
+) -> tuple[Samples, Samples, float, dict[str, float], dict[str, list[float]]]:
+    """The trials' samples, as many rounds with no fault, the time to connect, the memory the QPs added,
+    and the moments of the steps."""
     samples, windows = [], []
     progress(f"connecting {qps} shift QPs...")
     with Pair(
@@ -57,6 +80,7 @@ def failovers(
         connect_s = max(end["connected_s"] for end in pair.connected)
         pair.sender.send(stream=True)
         pair.settle()
+        floors = [no_fault(pair) for _ in range(trials)]
         for i in range(trials):
             down = switch_port(lab, "h0", up=False)
             t0 = down.asked
@@ -73,7 +97,7 @@ def failovers(
     if errors:
         raise SystemExit(f"errors reached the application: {errors}")
     moments = {"h0": done[0]["steps"], "h1": done[1]["steps"]} if keep_steps else {}
-    return samples, connect_s, added_rss(pair, done), spread(moments, windows)
+    return samples, floors, connect_s, added_rss(pair, done), spread(moments, windows)
 
 
 def spread(moments: dict[str, list[list[Any]]], windows: list[tuple[int, int]]) -> dict[str, list[float]]:
@@ -120,6 +144,18 @@ def print_table(
         print(f"{role:40} {plain:9.0f} {shift:9.0f} {(shift - plain) / qps:11.1f}")
 
 
+def print_floors(floors: dict[str, Samples]) -> None:
+    """The same measure with no fault: how long the sender's loop takes to see a WR complete on every QP
+    when nothing failed, the floor under the trials' figures."""
+    print("\nwith no fault: from t0 = now until ... (ms, medians over rounds)\n")
+    header = f"{'':24} {'first QP':>9} {'half':>9} {'all QPs':>9}"
+    print(header)
+    print("-" * len(header))
+    for name, rounds in floors.items():
+        first, half, last = (statistics.median(r[k] for r in rounds) for k in ("first", "median", "all"))
+        print(f"{name:24} {first:9.1f} {half:9.1f} {last:9.1f}")
+
+
 def print_steps(found: dict[str, list[float]], samples: list[dict[str, float]]) -> None:
     print("\nwhere the time goes (ms after t0, medians over trials)\n")
     header = f"{'host step':28} {'first QP':>9} {'half':>9} {'last QP':>9}"
@@ -147,13 +183,15 @@ def main() -> int:
     rss: dict[str, Any] = {}
     with lab_for(args) as lab:
         progress(f"baseline: {args.qps} plain QPs...")
-        rss["plain"] = memory(lab, args.qps, plain=True)
-        samples, connect_s, rss["shift"], found = failovers(lab, args.qps, args.trials, args.steps)
+        rss["plain"], floors_plain = memory(lab, args.qps, True, args.trials)
+        samples, floors, connect_s, rss["shift"], found = failovers(lab, args.qps, args.trials, args.steps)
     print(file=sys.stderr)
     print_table(args.qps, samples, connect_s, rss)
+    print_floors({"shift QPs": floors, "bare QPs (--plain)": floors_plain})
     if args.steps:
         print_steps(found, samples)
-    save(args, {"qps": args.qps, "trials": samples, "connect_s": connect_s, "rss_kib": rss, "steps": found})
+    results = {"qps": args.qps, "trials": samples, "no_fault": {"shift": floors, "plain": floors_plain}}
+    save(args, {**results, "connect_s": connect_s, "rss_kib": rss, "steps": found})
     return 0
 
 
