@@ -27,7 +27,7 @@ LIBSHIFT_FLOORS: list[tuple[str, ...]] = [
     ("libshift.core",),
     ("libshift.providers",),
     ("libshift.device",),
-    ("libshift.verbs", "libshift.agent", "libshift.reportqueue"),
+    ("libshift.verbs", "libshift.agent", "libshift.published", "libshift.reportqueue"),
     ("libshift.shift", "libshift.perf"),
     ("libshift.collectives",),
     ("libshift.torch",),

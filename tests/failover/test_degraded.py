@@ -5,15 +5,20 @@ it; the stream comes home once the link has been clean for the judge's hold (the
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
-from linkprobe import tcp_rate
 from stream_harness import Stream, admin, assert_intact, switches
 
 from libshift.api.shift.v1 import admin_pb2, common_pb2
-from shiftlab.lab import Lab
+from shiftlab import netns
+from shiftlab.lab import METRICS_PORT, Lab
+from shiftlab.labproc import LabProcessError
 from shiftlab.switch import lossy_port, slow_port
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
@@ -66,37 +71,99 @@ def test_a_lossy_link_moves_the_stream_off_and_it_comes_home_once_clean(
 
 
 SLOW = 20_000_000  # bits a second, on rail 0's switch port towards h1
+WINDOW = 256 << 10  # the bulk stream's receive buffer: what waits in the shaped port's queue stays small
+
+
+@contextmanager
+def bulk_stream(lab: Lab) -> Iterator[list[int]]:
+    """TCP from h0 to h1 over rail 0, as fast as it goes, for the block (any TCP traffic over the NIC is
+    the judges' evidence); the bytes received so far. The receiver's buffer is small, so that behind a
+    shaped port the shift stream's messages wait a fraction of a second, not seconds, while its peer's
+    window stays open (the receiver keeps up: a reader that does not is no slow link)."""
+    h0, h1 = lab.namespace("h0"), lab.namespace("h1")
+    assert h0 is not None and h1 is not None
+
+    def listener() -> socket.socket:
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, WINDOW)
+        server.bind((lab.shape.rail_address(0, 1), 0))
+        server.listen(1)
+        return server
+
+    server, received, done = netns.run(h1, listener), [0], threading.Event()
+
+    def read() -> None:
+        connection, _ = server.accept()
+        with connection:
+            while data := connection.recv(1 << 16):
+                received[0] += len(data)
+
+    def send(client: socket.socket) -> None:
+        chunk = b"x" * (1 << 16)
+        with client:
+            while not done.is_set():
+                client.sendall(chunk)
+
+    with server:
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        client = netns.run(h0, socket.create_connection, server.getsockname(), 5.0)
+        client.settimeout(30.0)
+        sender = threading.Thread(target=send, args=(client,), daemon=True)
+        sender.start()
+        try:
+            yield received
+        finally:
+            done.set()
+            sender.join(timeout=60)
+            reader.join(timeout=60)
+
+
+def speed_ratio(lab: Lab, host: str) -> str:
+    """h0's mlx5_0 as its speed judge sees it now: shift_nic_speed_ratio (NaN: too little held back)."""
+    address = f"{lab.shape.mgmt_address(lab.index(host))}:{METRICS_PORT}"
+
+    def fetch() -> str:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
+            return response.read().decode()
+
+    line = [
+        x for x in netns.run(lab.namespace(host), fetch).splitlines() if "speed_ratio" in x and "mlx5_0" in x
+    ]
+    return line[0].rsplit(" ", 1)[1] if line else "?"
 
 
 def test_a_slow_link_moves_the_stream_off_and_it_comes_home_once_fast(
     lab: Lab, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A bulk TCP stream from h0 to h1 over rail 0 beside the shift stream (any TCP traffic over the NIC is
-    evidence); the switch's port towards h1 is shaped to 20 Mbit/s behind a queue deep enough that nothing
-    is lost (else the loss judge finds it first: a shaper that drops is a lossy link), no shiftd told. h0's
-    speed judge finds the bulk stream held back far below the NIC's best and moves the QPs off mlx5_0 (the
-    ack deadline is set long, as above, so the move is the judge's); h1, whose sockets only answer, follows
-    by the stream's notification. The port fast again, the stream comes home after the judge's hold."""
+    """A bulk TCP stream from h0 to h1 over rail 0 beside the shift stream; the switch's port towards h1 is
+    shaped to 20 Mbit/s behind a queue deep enough that nothing is lost (else the loss judge finds it first:
+    a shaper that drops is a lossy link), no shiftd told. h0's speed judge finds the bulk stream held back
+    far below the NIC's best and moves the QPs off mlx5_0 (the ack deadline is set long, as above, so the
+    move is the judge's); h1, whose sockets only answer, follows by the stream's notification. The port fast
+    again, the stream comes home after the judge's hold."""
     monkeypatch.setenv("SHIFT_DETECT_TIMEOUT", "18")
     since = time.time()
     patient = ("--timeout", "18")
-    h0, h1 = lab.namespace("h0"), lab.namespace("h1")
-    assert h0 is not None and h1 is not None
     with Stream(lab, "send", sender_args=patient, receiver_args=patient) as stream:
-        bulk = threading.Thread(
-            target=tcp_rate, args=(h0, h1, lab.shape.rail_address(0, 1), 6.0), daemon=True
-        )
-        bulk.start()
-        time.sleep(2.0)  # the judge learns what the NIC carries
-        with slow_port(lab, 0, "h1", SLOW, latency="5s"):  # a deep queue: nothing lost, only slow
-            assert stream.sender.read("state", timeout=10)["state"] == "fallback"
-            reasons = degraded_nics(lab)
+        with bulk_stream(lab) as received:
+            time.sleep(2.0)  # the judge learns what the NIC carries
+            healthy = received[0]
+            seen = [speed_ratio(lab, "h0")]
+            with slow_port(lab, 0, "h1", SLOW, latency="5s"):  # a deep queue: nothing lost, only slow
+                try:
+                    state = stream.sender.read("state", timeout=10)["state"]
+                except LabProcessError as exc:
+                    seen.append(speed_ratio(lab, "h0"))
+                    raise AssertionError(f"{exc}\nbulk: {healthy} B in 2 s healthy, {received[0]} B in all; "
+                                         f"h0's speed ratio before and after: {seen}") from None  # fmt: skip
+                reasons = degraded_nics(lab)
         print(f"\nDEGRADED while the port ran at {SLOW / 1e6:g} Mbit/s: {reasons}")
+        assert state == "fallback"
         assert reasons == {"h0": "slow"}, reasons
-        bulk.join(timeout=60)
         assert stream.sender.read("state", timeout=15)["state"] == "default"
-        sent, received = stream.finish()
-    assert_intact(sent, received)
+        sent, received_ = stream.finish()
+    assert_intact(sent, received_)
     moves = switches(lab, "h0", since, wait_for=2)
     assert moves[0] == (
         "FAILOVER_KIND_FAILOVER",
