@@ -325,14 +325,23 @@ class Daemon:
 
     # --- what the services call ---------------------------------------------------------------
 
-    def _on_transition(self, record: NicRecord, transition: Transition) -> None:
-        event = admin_pb2.Event(time_unix_nanos=record.wall_last_change_ns)
+    def _nic_event(
+        self, record: NicRecord, state: int, previous: int, reason: str, wall_ns: int
+    ) -> admin_pb2.Event:
+        """An event of one of this host's NICs, as the bus carries it."""
+        event = admin_pb2.Event(time_unix_nanos=wall_ns)
         nic = event.nic  # filled in place: no copy of a NicEvent into the Event
         nic.host, nic.device, nic.netdev = self.host, record.name, record.spec.netdev
-        nic.state, nic.previous_state, nic.reason = transition.state, transition.previous, transition.reason
-        nic.time_unix_nanos = record.wall_last_change_ns
-        nic.monotonic_nanos = int(transition.at * 1e9)
+        nic.state, nic.previous_state, nic.reason = state, previous, reason
+        nic.time_unix_nanos = wall_ns
         nic.move_off = self.nics.move_off(record.name)
+        return event
+
+    def _on_transition(self, record: NicRecord, transition: Transition) -> None:
+        event = self._nic_event(
+            record, transition.state, transition.previous, transition.reason, record.wall_last_change_ns
+        )
+        event.nic.monotonic_nanos = int(transition.at * 1e9)
         self.bus.publish(event)
         self.relay.pump()  # the agents' streams have written it to the relay: on to the agents now
         # Everything else waits until the subscribers' streams have taken the event: metrics, the
@@ -362,13 +371,8 @@ class Daemon:
                     nic.gid or "none")  # fmt: skip
         self._publish_nic(record.name)
         if replaced_gid:
-            event = admin_pb2.Event(time_unix_nanos=time.time_ns())
-            told = event.nic
-            told.host, told.device, told.netdev = self.host, record.name, record.spec.netdev
-            told.state = told.previous_state = nic.state
-            told.reason, told.time_unix_nanos = "readdressed", event.time_unix_nanos
-            told.gid, told.previous_gid = nic.gid, replaced_gid
-            told.move_off = self.nics.move_off(record.name)
+            event = self._nic_event(record, nic.state, nic.state, "readdressed", time.time_ns())
+            event.nic.gid, event.nic.previous_gid = nic.gid, replaced_gid
             self.bus.publish(event)
             self.relay.pump()
 

@@ -80,3 +80,9 @@ class Traffic(NamedTuple):
     retransmitted: int
     acked: int  # bytes the peers acknowledged
     limited: int  # of those, the bytes of sockets the network held back (not application-limited)
+
+
+def gid_replaced(last: str, gid: str) -> str:
+    """The GID that a NIC's `gid` now replaces, the `last` one it had known ("" when it replaces none: it
+    has no GID at the moment, the same one, or had none before)."""
+    return last if gid and last and gid != last else ""

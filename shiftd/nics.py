@@ -15,7 +15,16 @@ from libshift.api.shift.v1 import common_pb2
 from libshift.gid import gid_of_ipv4
 from shiftd.config import DampingConfig, LossConfig, SlowConfig
 from shiftd.health import NicHealth, Transition
-from shiftd.nic import DeviceChange, FaultMode, LinkStatus, NicSpec, NicState, PortStatus, Traffic
+from shiftd.nic import (
+    DeviceChange,
+    FaultMode,
+    LinkStatus,
+    NicSpec,
+    NicState,
+    PortStatus,
+    Traffic,
+    gid_replaced,
+)
 
 
 def nic_name(device: str, port: int) -> str:
@@ -86,12 +95,10 @@ class NicTable:
             if record.spec.netdev == status.netdev:
                 before = record.health.link
                 self._input(record, record.health.update_link(status, self._clock()))
-                gid, replaced = gid_of_addresses(status.addresses), record.gid
-                record.gid = gid or record.gid
+                gid = gid_of_addresses(status.addresses)
+                replaced, record.gid = gid_replaced(record.gid, gid), gid or record.gid
                 if before is not None and status.present and before.addresses != status.addresses:
-                    self._on_readdressed(
-                        record, before.addresses, replaced if gid and gid != replaced else ""
-                    )
+                    self._on_readdressed(record, before.addresses, replaced)
 
     def port_changed(self, status: PortStatus) -> None:
         record = self.records.get(nic_name(status.device, status.port))

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from google.protobuf import json_format
 
 from libshift.api.shift.v1 import common_pb2
+from shiftd.nic import gid_replaced
 from shiftd.registry import Registry
 from shiftd.registry_watch import PUT
 
@@ -66,11 +67,9 @@ class PeerNics:
 
     def _gid_replaced(self, host: str, device: str, gid: str) -> str:
         """The GID that `gid` replaces on the peer's NIC, or "" when it replaces none."""
-        if not gid:
-            return ""
         last = self.gids.get((host, device), "")
-        self.gids[host, device] = gid
-        return last if last != gid else ""
+        self.gids[host, device] = gid or last
+        return gid_replaced(last, gid)
 
 
 def event(host: str, nic: common_pb2.Nic, previous: int, previous_gid: str = "") -> common_pb2.NicEvent:

@@ -8,10 +8,9 @@ each socket did since the last poll to the NIC whose address it is bound to. The
 twice: all of them, and those of sockets the network held back: not the application (the kernel's
 tcpi_delivery_rate_app_limited clear: the socket had more to send than the path took), and not the
 receiver (the window the peer advertises, tcpi_snd_wnd, is not nearly closed: a peer slow to read is no
-slow link; a deep queue on the way keeps it open). The tcp provider's
-connections are such sockets, and so is any other TCP traffic over the NIC: all of it is evidence of the
-link. The health machines' judges decide what it means: the loss judge (shiftd/loss.py) and the speed
-judge (shiftd/slow.py).
+slow link; a deep queue on the way keeps it open). The tcp provider's connections are such sockets, and so
+is any other TCP traffic over the NIC: all of it is evidence of the link. The health machines' judges
+decide what it means: the loss judge (shiftd/loss.py) and the speed judge (shiftd/slow.py).
 
 The first dump only sets the baseline (a socket's counters since its start say nothing of now); a socket
 that appears later counts from zero, since it was not established at the last poll. On a kernel without
