@@ -1,13 +1,14 @@
 """The lab fabric: hosts, rail switches and a management network, all network namespaces.
 
 Shaped like a rail-optimized GPU cluster: NIC r of every host plugs into rail switch r (a bridge
-in its own namespace), so rails are separate L2 networks; a management bridge carries etcd.
+in its own namespace), so rails are separate L2 networks, joined by a router, the spine (shiftlab.spine);
+a management bridge carries etcd.
 Every veth pair is created directly across namespaces (one end in the host, its peer in the
 switch), so no link ever appears in the root namespace, not even when a step fails halfway.
 
 A lab on the rxe provider is the exception: its hosts' NICs and management ends stay in the initial
 namespace, cabled to the same switches, because rdma_rxe on kernel 6.1 sends only from there
-(shiftlab/softroce.py); their names then carry the host's (h0-ens1f0np0, h0-mgmt0).
+(shiftlab/softroce.py); their names then carry the host's (h0-ens1f0np0, h0-mgmt0). It has no spine.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pyroute2 import IPRoute
 from pyroute2 import netns as pyroute2_netns
 from pyroute2.netlink.exceptions import NetlinkError
 
-from shiftlab import netns
+from shiftlab import netns, spine
 
 BRIDGE = "br0"
 MGMT_NETDEV = "mgmt0"
@@ -38,8 +39,13 @@ MAX_NICS = 8
 PROVIDERS = ("tcp", "rxe")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 # Strict ARP, as on real multi-rail RoCE hosts: a host answers ARP only on the NIC that owns the
-# address, so a packet forced out of one rail cannot reach a peer through another rail's address.
-HOST_SYSCTLS = {"net/ipv4/conf/all/arp_ignore": "1", "net/ipv4/conf/all/arp_announce": "2"}
+# address, so a packet forced out of one rail reaches another rail's address only through the spine.
+# accept_local: what one NIC sends to another of the same host arrives over the wire (shiftlab.spine).
+HOST_SYSCTLS = {
+    "net/ipv4/conf/all/arp_ignore": "1",
+    "net/ipv4/conf/all/arp_announce": "2",
+    "net/ipv4/conf/all/accept_local": "1",
+}
 
 
 class FabricError(RuntimeError):
@@ -92,9 +98,15 @@ class Shape:
         return f"{self.name}-mgmt"
 
     @property
+    def spine_ns(self) -> str | None:
+        """The spine's namespace; None on rxe, whose hosts share the initial one (shiftlab.softroce)."""
+        return None if self.in_initial_ns else f"{self.name}-spine"
+
+    @property
     def namespaces(self) -> list[str]:
         hosts = [] if self.in_initial_ns else [self.host_ns(i) for i in range(self.hosts)]
-        return [*hosts, *(self.rail_ns(r) for r in range(self.nics)), self.mgmt_ns]
+        spines = [] if self.spine_ns is None else [self.spine_ns]
+        return [*hosts, *(self.rail_ns(r) for r in range(self.nics)), *spines, self.mgmt_ns]
 
     @staticmethod
     def netdev(r: int) -> str:
@@ -163,7 +175,7 @@ def nic_mac(rail: int, host: int) -> str:
 
 def present(name: str) -> list[str]:
     """The namespaces of lab `name` that exist now, whatever shape the lab was built with."""
-    pattern = re.compile(rf"{re.escape(name)}-(h\d+|rail\d+|mgmt)")
+    pattern = re.compile(rf"{re.escape(name)}-(h\d+|rail\d+|spine|mgmt)")
     return [ns for ns in netns.names() if pattern.fullmatch(ns)]
 
 
@@ -203,12 +215,28 @@ def _build(shape: Shape) -> None:
                 rail = shape.rail_ns(r)
                 nic = Nic(shape.nic_netdev(i, r), nic_mac(r, i), shape.rail_address(r, i))
                 _ensure_nic(host, nic, ipr[rail], rail, port)
+                if shape.spine_ns is not None:
+                    spine.route(host, r, nic.netdev)
             nic = Nic(shape.mgmt_netdev(i), nic_mac(MGMT_RAIL_ID, i), shape.mgmt_address(i))
             _ensure_nic(host, nic, mgmt, shape.mgmt_ns, port)
+        if shape.spine_ns is not None:
+            _ensure_spine(shape, ipr)
     for i in range(shape.hosts):  # all at once: each waits for the same run of the kernel's link watcher
         ns = None if shape.in_initial_ns else shape.host_ns(i)
         for netdev in [*(shape.nic_netdev(i, r) for r in range(shape.nics)), shape.mgmt_netdev(i)]:
             wait_operational(ns, netdev)
+    for r in range(shape.nics if shape.spine_ns is not None else 0):
+        wait_operational(shape.spine_ns, spine.leg(r))
+
+
+def _ensure_spine(shape: Shape, ipr: dict[str, IPRoute]) -> None:
+    """The spine: a leg in each rail switch, forwarding between them."""
+    assert shape.spine_ns is not None
+    netns.run(shape.spine_ns, _write_sysctls, spine.FORWARDING)
+    for r in range(shape.nics):
+        rail = shape.rail_ns(r)
+        nic = Nic(spine.leg(r), nic_mac(r, spine.HOST_ID), spine.address(r))
+        _ensure_nic(ipr[shape.spine_ns], nic, ipr[rail], rail, spine.PORT)
 
 
 def wait_operational(ns: str | None, netdev: str, timeout: float = 5.0) -> None:

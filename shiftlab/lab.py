@@ -1,8 +1,9 @@
 """The lab: hosts as network namespaces, with etcd and one supervised shiftd per host (`Lab`).
 
 `up` builds the fabric (shiftlab.fabric), writes each host's shiftd config, starts etcd (one member,
-or a cluster of 3 or 5 on addresses of their own) in the management namespace and a shiftd in
-every host namespace, detached, each under a supervisor (shiftlab.supervise) that restarts it after a
+or a cluster of 3 or 5 on addresses of their own) in the management namespace, a route keeper
+(shiftlab.routekeeper: a NIC set up again gets its routes back) and a shiftd in every host namespace,
+detached, each under a supervisor (shiftlab.supervise) that restarts it after a
 crash as systemd would on a real host, and records them in /run/shift-lab/NAME/state.json. That
 record is what lets `status`, `exec` and `down`, run later from any shell, act on exactly the
 processes `up` started: by PID checked against the kernel's start time (shiftlab.pids), so a recycled
@@ -10,7 +11,7 @@ PID is never signalled. The CLI (shiftlab.cli) and the tests share this class.
 
 With provider "rxe" the hosts' NICs carry Soft-RoCE devices and stay in the initial namespace
 (shiftlab.softroce says why), and so do the hosts' processes: each shiftd is told which RDMA devices
-are its host's (monitors.rdma_devices), and a route keeper (shiftlab.routekeeper) runs beside them.
+are its host's (monitors.rdma_devices).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ READY_TIMEOUT = 20.0
 ETCD_READY_TIMEOUT = 15.0  # at least; a slower machine's longer ready_timeout (a VM's) counts for etcd too
 STOP_TIMEOUT = 5.0
 RESTART_SEC = 0.5  # the supervisor's first restart delay (systemd's RestartSec)
-ROUTE_KEEPER = "routekeeper"  # its key in state.json's pids (a lab on rxe)
+ROUTE_KEEPER = "routekeeper"  # its key in state.json's pids
 
 
 class LabError(RuntimeError):
@@ -268,8 +269,7 @@ class Lab:
                     self.config_path(host).write_text(self.config_text(host))
                 self._save()
                 self._ensure_etcd()
-                if self.shape.provider == "rxe":
-                    self._ensure_route_keeper()
+                self._ensure_route_keeper()
                 self._ensure_daemons()
             except BaseException:
                 self._teardown(keep_logs=True)
@@ -301,7 +301,7 @@ class Lab:
         }
         hosts = {h: self._host_status(h, pids.get(h)) for h in self.host_names}
         processes = [etcd, *hosts.values()]
-        keeper = {"route_keeper": _process_status(pids.get(ROUTE_KEEPER))} if self.shape.in_initial_ns else {}
+        keeper = {"route_keeper": _process_status(pids.get(ROUTE_KEEPER))}
         processes += keeper.values()
         return {
             "name": self.name,
@@ -464,7 +464,10 @@ class Lab:
         if pid is not None and pid.alive():
             return
         shape = self.shape
-        argv = [sys.executable, "-m", "shiftlab.routekeeper", shape.name, str(shape.hosts), str(shape.nics)]
+        argv = [
+            *[sys.executable, "-m", "shiftlab.routekeeper"],
+            *[shape.name, str(shape.hosts), str(shape.nics), shape.provider],
+        ]
         with open(self.state_dir / f"{ROUTE_KEEPER}.log", "ab") as log:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True

@@ -75,7 +75,7 @@ class Communicator:
             return
         item = a.itemsize
         segments = [(lo * item, (hi - lo) * item) for lo, hi in ops.segment_bounds(a.size, self.world_size)]
-        steps = plan.all_reduce(segments, self.rank)
+        steps = plan.all_reduce(segments, ring.position)
         self._run(ring, steps, segments[-1][1], [a], [a], a.dtype, op)
 
     def broadcast(self, array: object, root: int) -> None:
@@ -85,7 +85,7 @@ class Communicator:
         ring = self._live()
         if ring is None or a.size == 0:
             return
-        steps = plan.broadcast((0, a.nbytes), self.rank, root, self.world_size)
+        steps = plan.broadcast((0, a.nbytes), ring.position, ring.order.index(root), self.world_size)
         self._run(ring, steps, a.nbytes, [a], [] if self.rank == root else [a], a.dtype, ReduceOp.SUM)
 
     def all_gather(self, outputs: Sequence[object], array: object) -> None:
@@ -99,7 +99,7 @@ class Communicator:
         segments = [(q * a.nbytes, a.nbytes) for q in range(self.world_size)]
         ins = [None] * self.world_size
         ins[self.rank] = a
-        steps = plan.all_gather(segments, self.rank)
+        steps = plan.all_gather(ring.in_order(segments), ring.position)
         self._run(ring, steps, a.nbytes, ins, outs, a.dtype, ReduceOp.SUM)
 
     def reduce_scatter(self, output: object, inputs: Sequence[object], op: ReduceOp = ReduceOp.SUM) -> None:
@@ -115,7 +115,7 @@ class Communicator:
         segments = [(q * out.nbytes, out.nbytes) for q in range(self.world_size)]
         outs: list[np.ndarray | None] = [None] * self.world_size
         outs[self.rank] = out
-        steps = plan.reduce_scatter(segments, self.rank)
+        steps = plan.reduce_scatter(ring.in_order(segments), ring.position)
         self._run(ring, steps, out.nbytes, ins, outs, out.dtype, op)
 
     def reduce(self, array: object, root: int, op: ReduceOp = ReduceOp.SUM) -> None:
@@ -190,7 +190,7 @@ class Communicator:
         ring = self._live()
         if ring is not None:
             segments = [(q, 1) for q in range(self.world_size)]
-            steps = plan.all_gather(segments, self.rank)
+            steps = plan.all_gather(ring.in_order(segments), ring.position)
             self._run(ring, steps, 1, [], [], np.dtype(np.uint8), ReduceOp.SUM, nbytes=self.world_size)
 
     # -- the mechanics -----------------------------------------------------------------------------------

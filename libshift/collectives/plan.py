@@ -1,6 +1,7 @@
 """What one rank sends and receives in a collective: ring schedules cut into pipelined chunks.
 
-A schedule is a list of ring steps; in each step a rank sends one byte range of its work buffer to its right
+A schedule is a list of ring steps, for the rank at one position of the ring (order.py: positions are not
+rank numbers); in each step a rank sends one byte range of its work buffer to its right
 neighbour and receives one from its left neighbour. `build` cuts every range into chunks of at most the
 staging slot size and lists the chunks in order, once for sending and once for receiving: both neighbours
 compute the same lists, so the sender's n-th chunk is the receiver's n-th chunk. A chunk to send that was
@@ -88,36 +89,36 @@ def build(steps: list[Step], chunk: int, direct: bool = False) -> Plan:
     return Plan(sends, recvs, direct)
 
 
-def reduce_scatter(segments: list[Range], rank: int) -> list[Step]:
-    """Segment j ends complete on rank j; it starts on rank j+1 and gathers every rank in ring order."""
+def reduce_scatter(segments: list[Range], position: int) -> list[Step]:
+    """Segment j ends complete at position j; it starts at j+1 and gathers every rank in ring order."""
     n = len(segments)
     return [
         Step(
-            segments[(rank - s - 1) % n],
-            segments[(rank - s - 2) % n],
+            segments[(position - s - 1) % n],
+            segments[(position - s - 2) % n],
             Apply.FINAL if s == n - 2 else Apply.COMBINE,
         )
         for s in range(n - 1)
     ]
 
 
-def all_gather(segments: list[Range], rank: int) -> list[Step]:
-    """Segment j starts on rank j and is copied around the ring to every other rank."""
+def all_gather(segments: list[Range], position: int) -> list[Step]:
+    """Segment j starts at position j and is copied around the ring to every other rank."""
     n = len(segments)
-    return [Step(segments[(rank - s) % n], segments[(rank - s - 1) % n]) for s in range(n - 1)]
+    return [Step(segments[(position - s) % n], segments[(position - s - 1) % n]) for s in range(n - 1)]
 
 
-def all_reduce(segments: list[Range], rank: int) -> list[Step]:
+def all_reduce(segments: list[Range], position: int) -> list[Step]:
     """Reduce-scatter, then all-gather of the reduced segments: 2(n-1)/n of the bytes on every link."""
-    return reduce_scatter(segments, rank) + all_gather(segments, rank)
+    return reduce_scatter(segments, position) + all_gather(segments, position)
 
 
-def broadcast(span: Range, rank: int, root: int, world_size: int) -> list[Step]:
-    """A chain from the root along the ring; each rank forwards a chunk as soon as it has it."""
-    position = (rank - root) % world_size
+def broadcast(span: Range, position: int, root: int, world_size: int) -> list[Step]:
+    """A chain from the root (a position) along the ring; each rank forwards a chunk as soon as it has it."""
+    after_root = (position - root) % world_size
     steps = []
-    if position > 0:
+    if after_root > 0:
         steps.append(Step(None, span))
-    if position < world_size - 1:
+    if after_root < world_size - 1:
         steps.append(Step(span, None))
     return steps

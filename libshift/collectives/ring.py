@@ -24,18 +24,21 @@ import logging
 import struct
 import time
 from collections import deque
+from typing import TypeVar
 
 import numpy as np
 
 from libshift.collectives import ops
 from libshift.collectives.buffers import Buffers, Region
 from libshift.collectives.errors import CHECK_EVERY, Alarm, CollectiveError
+from libshift.collectives.order import ring_order
 from libshift.collectives.plan import Apply, Plan, Recv, Send
 from libshift.collectives.store import Store
 from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP
 from libshift.verbs import SGE, WC, Endpoint, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR, VerbsError
 from libshift.verbs import enums as e
 
+T = TypeVar("T")
 log = logging.getLogger("libshift.collectives")
 CHUNK = 4 << 20  # bytes a message carries at most: one staging slot
 SLOTS = 4  # chunks in flight on one link at most (staging slots per rank)
@@ -87,10 +90,22 @@ class Ring:
         self._recv = RecvWR()  # every receive is the same zero-byte one (the QP keeps its own copy)
         self._used: dict[int, int] = {}  # per QP: receives used since it was last topped up
         try:
+            self.order = self._find_order(store, prefix)  # position -> rank (order.py)
+            self.position = self.order.index(rank)
             self._staging_at, self._mailbox_at = self._connect(store, prefix)
         except BaseException:
             self.close(farewell=False)
             raise
+
+    def _find_order(self, store: Store, prefix: str) -> list[int]:
+        """Swap the GIDs of the NICs this rank's context opened with every rank: the ring's order."""
+        gids = sorted({str(device.query_gid()) for device in self.ctx.devices.values()})
+        store.set(f"{prefix}/nics/{self.rank}", json.dumps(gids).encode())
+        return ring_order([json.loads(store.get(f"{prefix}/nics/{q}")) for q in range(self.world_size)])
+
+    def in_order(self, per_rank: list[T]) -> list[T]:
+        """`per_rank` (one item per rank) in ring order: what the plans take."""
+        return [per_rank[rank] for rank in self.order]
 
     def _connect(self, store: Store, prefix: str) -> tuple[tuple[int, int], tuple[int, int]]:
         """Swap endpoints, staging and mailbox keys with both neighbours, connect, and wait until both are
@@ -102,7 +117,8 @@ class Ring:
             "mailbox": [self.mailbox.buf, self.mailbox.rkey],
         }
         store.set(f"{prefix}/ring/{self.rank}", json.dumps(mine).encode())
-        right_rank, left_rank = (self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size
+        n = self.world_size
+        right_rank, left_rank = self.order[(self.position + 1) % n], self.order[(self.position - 1) % n]
         right = json.loads(store.get(f"{prefix}/ring/{right_rank}"))
         left = json.loads(store.get(f"{prefix}/ring/{left_rank}"))
         addr, rkey, slots, chunk = right["staging"]

@@ -119,7 +119,7 @@ def test_broadcast_schedule(world: int, root: int) -> None:
 
 
 def test_a_forwarded_chunk_waits_for_exactly_its_own_arrival() -> None:
-    steps = plan.broadcast((0, 5 * CHUNK), rank=1, root=0, world_size=3)
+    steps = plan.broadcast((0, 5 * CHUNK), position=1, root=0, world_size=3)
     built = plan.build(steps, CHUNK)
     assert [s.after for s in built.sends] == [0, 1, 2, 3, 4]
     assert [(r.offset, r.nbytes) for r in built.recvs] == [(s.offset, s.nbytes) for s in built.sends]

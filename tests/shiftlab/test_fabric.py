@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from pyroute2 import IPRoute
 
-from shiftlab import fabric, netns
+from shiftlab import fabric, netns, routekeeper, spine
 from shiftlab.fabric import FabricError, Shape
 from shiftlab.veth import VethPair
 
@@ -57,6 +57,7 @@ def test_every_namespace_exists(lab: Shape) -> None:
         f"{lab.name}-h1",
         f"{lab.name}-rail0",
         f"{lab.name}-rail1",
+        f"{lab.name}-spine",
         f"{lab.name}-mgmt",
     ]
     assert lab.namespaces == expected
@@ -78,13 +79,19 @@ def test_hosts_have_named_nics_with_their_addresses(lab: Shape) -> None:
     assert addresses(lab.mgmt_ns)["br0"] == {"198.19.0.1/24"}
 
 
-def test_each_rail_switch_is_a_bridge_with_one_port_per_host(lab: Shape) -> None:
-    for ns in [lab.rail_ns(0), lab.rail_ns(1), lab.mgmt_ns]:
+def test_each_rail_switch_is_a_bridge_with_one_port_per_host_and_the_spine(lab: Shape) -> None:
+    for ns, expected in [(lab.rail_ns(0), {"spine"}), (lab.rail_ns(1), {"spine"}), (lab.mgmt_ns, set())]:
         switch = links(ns)
         bridge = switch["br0"]["index"]
         ports = {name for name, link in switch.items() if link.get("master") == bridge}
-        assert ports == {"h0", "h1"}
+        assert ports == {"h0", "h1"} | expected
         assert "lo" in switch and all(link["flags"] & 1 for link in switch.values())
+    assert lab.spine_ns is not None
+    assert addresses(lab.spine_ns) == {
+        "lo": {"127.0.0.1/8"},
+        "rail0": {"198.18.0.1/24"},
+        "rail1": {"198.18.1.1/24"},
+    }
 
 
 def test_hosts_reach_each_other_on_every_rail_and_over_management(lab: Shape) -> None:
@@ -96,12 +103,34 @@ def test_hosts_reach_each_other_on_every_rail_and_over_management(lab: Shape) ->
     assert fabric.ping(lab.host_ns(1), fabric.MGMT_GATEWAY, timeout=2.0)
 
 
-def test_rails_are_isolated_from_each_other(lab: Shape) -> None:
-    # Forced out of rail 0 towards h1's rail-1 address: only a link between the rails could answer.
-    assert not fabric.ping(lab.host_ns(0), lab.rail_address(1, 1), device=lab.netdev(0), timeout=0.5)
-    assert not fabric.ping(lab.host_ns(1), lab.rail_address(0, 0), device=lab.netdev(1), timeout=0.5)
-    # And the management network is no path between rails either.
+def rx_packets(ns: str, ifname: str) -> int:
+    return links(ns)[ifname].get("IFLA_STATS64")["rx_packets"]
+
+
+def test_rails_meet_only_at_the_spine(lab: Shape) -> None:
+    assert lab.spine_ns is not None
+    for i, j in ((0, 1), (1, 0), (0, 0)):  # to another host's NIC on the other rail, and to its own
+        seen = rx_packets(lab.spine_ns, spine.leg(0))
+        assert fabric.ping(lab.host_ns(i), lab.rail_address(1, j), device=lab.netdev(0), timeout=2.0)
+        assert rx_packets(lab.spine_ns, spine.leg(0)) > seen  # through the spine, also within a host
+    # The management network is no path between rails.
     assert not fabric.ping(lab.host_ns(0), lab.rail_address(0, 1), device="mgmt0", timeout=0.5)
+
+
+def test_a_nic_set_up_again_gets_its_route_to_the_spine_back(lab: Shape) -> None:
+    netdev = lab.netdev(1)
+    with IPRoute(netns=lab.host_ns(0), flags=0) as ipr:
+        netdevs = {r: lab.netdev(r) for r in range(lab.nics)}
+        assert spine.missing(ipr, netdevs) == []
+        index = ipr.link_lookup(ifname=netdev)[0]
+        ipr.link("set", index=index, state="down")
+        ipr.link("set", index=index, state="up")
+        fabric.wait_operational(lab.host_ns(0), netdev)
+        assert spine.missing(ipr, netdevs) == [1]  # the route went with the link
+        assert not fabric.ping(lab.host_ns(0), lab.rail_address(0, 1), device=netdev, timeout=0.5)
+        assert routekeeper.restore(lab, {0: ipr}) == [(0, 1)]
+        assert spine.missing(ipr, netdevs) == []
+    assert fabric.ping(lab.host_ns(0), lab.rail_address(0, 1), device=netdev, timeout=2.0)
 
 
 def test_nothing_of_the_lab_is_in_the_root_namespace(lab: Shape) -> None:
@@ -127,7 +156,7 @@ def test_destroy_removes_everything_and_is_safe_twice() -> None:
     shape = Shape(f"lbt{os.getpid()}d", hosts=2, nics=1)
     before = root_links()
     fabric.build(shape)
-    assert len(fabric.present(shape.name)) == 4
+    assert len(fabric.present(shape.name)) == 5  # a host each, a rail, the spine, management
     assert sorted(fabric.destroy(shape.name)) == sorted(shape.namespaces)
     assert fabric.present(shape.name) == []
     assert not any(netns.exists(ns) for ns in shape.namespaces)

@@ -25,7 +25,7 @@ import pytest
 from pyroute2 import IPRoute
 
 from shiftd import config
-from shiftlab import fabric, netns
+from shiftlab import fabric, netns, spine
 from shiftlab.lab import RUN_ROOT, SHIFTD_ENV, Lab, LabError
 
 pytestmark = pytest.mark.lab
@@ -141,7 +141,7 @@ def running(standin: list[str]) -> Iterator[Lab]:
 def test_state_records_shape_processes_sockets_and_addresses(running: Lab) -> None:
     recorded = state(running)
     assert (recorded["hosts"], recorded["nics"]) == (2, 2)
-    assert set(recorded["pids"]) == {"etcd", "h0", "h1"}
+    assert set(recorded["pids"]) == {"etcd", "routekeeper", "h0", "h1"}
     assert all(pid_alive(p["pid"]) for p in recorded["pids"].values())
     h1 = recorded["shiftd"]["h1"]
     assert h1["socket"] == f"/run/shift-lab/{running.name}/h1/shiftd.sock"
@@ -206,6 +206,23 @@ def test_exec_runs_in_the_host_namespace_and_passes_the_exit_code(running: Lab) 
     first, second = result.stdout.splitlines()[:2]
     assert first == f"h1 {running.socket('h1')} {running.config_path('h1')}"
     assert "198.18.1.11/24" in second
+
+
+def test_the_route_keeper_gives_a_nic_set_up_again_its_route_to_the_spine(running: Lab) -> None:
+    ns, netdev = running.namespace("h1"), "ens2f0np0"
+    netdevs = {r: running.shape.netdev(r) for r in range(running.shape.nics)}
+    with IPRoute(netns=ns, flags=0) as ipr:
+        index = ipr.link_lookup(ifname=netdev)[0]
+        ipr.link("set", index=index, state="down")
+        assert spine.missing(ipr, netdevs) == []  # down: nothing to put back yet
+        ipr.link("set", index=index, state="up")
+        deadline = time.monotonic() + 5.0
+        while spine.missing(ipr, netdevs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert spine.missing(ipr, netdevs) == []
+    fabric.wait_operational(ns, netdev)
+    assert fabric.ping(ns, running.shape.rail_address(0, 0), device=netdev, timeout=2.0)  # across the rails
+    assert "restored the routes of h1/ens2f0np0" in (running.state_dir / "routekeeper.log").read_text()
 
 
 def test_hosts_reach_etcd_over_the_management_network(running: Lab) -> None:

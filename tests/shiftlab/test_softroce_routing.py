@@ -89,8 +89,9 @@ def test_each_nic_reaches_its_rail_peer_through_the_cable(stand_in: str, tmp_pat
         assert routekeeper.missing(shape, ipr) == []  # down: nothing to put back yet
         subprocess.run(["ip", "-n", stand_in, "link", "set", nic, "up"], check=True)
         assert routekeeper.missing(shape, ipr) == [(0, 0)]  # the table went with the link
+        keeper_argv = [sys.executable, "-m", "shiftlab.routekeeper", shape.name, "2", "2", "rxe"]
         keeper = subprocess.Popen(
-            netns.command(stand_in, [sys.executable, "-m", "shiftlab.routekeeper", shape.name, "2", "2"]),
+            netns.command(stand_in, keeper_argv),
             stdout=subprocess.PIPE,
             text=True,
         )

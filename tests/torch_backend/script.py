@@ -7,7 +7,7 @@ no_sync and a second shift group against a gloo group's results); {"errors"}, th
 call and mistake; {"step"} after each DDP step and {"params"}, a SHA-256 of the parameters after training.
 With --pause-at it trains the same way a second time ({"paused_params"}), rank 0 printing {"paused"} and
 waiting for --resume-file after that step (the test fails a NIC meanwhile); with --gloo-reference, once more
-over a gloo group ({"gloo_params"}).
+over a gloo group ({"as_gloo"}: "ok", or how the parameters differ; see like_gloo).
 """
 
 from __future__ import annotations
@@ -68,8 +68,13 @@ def expected_reduce(op: dist.ReduceOp, dtype: torch.dtype, world: int) -> torch.
     return result / world if op == dist.ReduceOp.AVG else result
 
 
-def same_digest(got: str, want: str) -> str:
-    return "ok" if got == want else f"digest {got}, want {want}"
+def like_gloo(got: torch.Tensor, want: torch.Tensor, world: int) -> str:
+    """Parameters trained over shift against those trained over gloo: the same bits with two ranks (a sum of
+    two adds the same either way round); with more, gloo adds the ranks' gradients in another order than
+    shift's ring, so equal to float32's rounding."""
+    if torch.equal(got, want) or (world > 2 and torch.allclose(got, want, rtol=1e-5, atol=1e-7)):
+        return "ok"
+    return f"differ by up to {(got - want).abs().max().item():.3g}"
 
 
 def same(got: torch.Tensor, want: torch.Tensor) -> str:
@@ -188,17 +193,17 @@ def against_gloo(rank: int, world: int) -> dict[str, str]:
         dist.all_reduce(t, group=second if group is None else group)
         return [t]
 
-    def no_sync(group: object) -> list[torch.Tensor]:
-        return [torch.tensor(list(train(rank, 4, group, accumulate=2, say_steps=False).encode()))]
-
     calls = [
         reduce, gather, scatter, all_to_all, all_to_all_single, all_to_all_uneven, point_to_point,
-        second_group, no_sync,
+        second_group,
     ]  # fmt: skip
     outcome = {
-        "fully_shard as DDP over gloo": same_digest(
-            train_fsdp(rank, world, 3), train(rank, 3, gloo, say_steps=False)
-        )
+        "fully_shard as DDP over gloo": like_gloo(
+            train_fsdp(rank, world, 3), train(rank, 3, gloo, say_steps=False), world
+        ),
+        "no_sync as gloo": like_gloo(
+            *(train(rank, 4, group, accumulate=2, say_steps=False) for group in (None, gloo)), world
+        ),
     }
     for call in calls:
         got, want = call(None), call(gloo)
@@ -234,11 +239,13 @@ def batch(data: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(32, 64, generator=data), torch.randn(32, 8, generator=data)
 
 
-def digest(parameters: Iterable[torch.Tensor]) -> str:
-    sha = hashlib.sha256()
-    for parameter in parameters:
-        sha.update(parameter.detach().numpy().tobytes())
-    return sha.hexdigest()
+def flat(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
+    """A model's parameters, end to end."""
+    return torch.cat([parameter.detach().reshape(-1) for parameter in parameters])
+
+
+def digest(parameters: torch.Tensor) -> str:
+    return hashlib.sha256(parameters.numpy().tobytes()).hexdigest()
 
 
 def train(
@@ -248,8 +255,8 @@ def train(
     pause: Pause | None = None,
     accumulate: int = 1,
     say_steps: bool = True,
-) -> str:
-    """A few DDP steps of a small MLP; each rank its own data. Returns a digest of the final parameters.
+) -> torch.Tensor:
+    """A few DDP steps of a small MLP; each rank its own data. Returns the final parameters (flat).
     With `accumulate` > 1, each step's gradients sum that many batches, all but the last under no_sync."""
     torch.manual_seed(1234 + rank)  # different initial weights: DDP's broadcast from rank 0 must fix that
     model = DistributedDataParallel(
@@ -270,10 +277,10 @@ def train(
             say(step=step, rank=rank)
         if pause and rank == 0 and step == pause.at:
             pause.wait()
-    return digest(model.module.parameters())
+    return flat(model.module.parameters())
 
 
-def train_fsdp(rank: int, world: int, steps: int) -> str:
+def train_fsdp(rank: int, world: int, steps: int) -> torch.Tensor:
     """train()'s steps with the MLP sharded by FSDP2 (fully_shard) over the default group, from the initial
     weights DDP starts from (rank 0's). Its gradients are AVG-reduce-scattered, DDP's pre-divided sums: with
     two ranks the same bits."""
@@ -293,7 +300,7 @@ def train_fsdp(rank: int, world: int, steps: int) -> str:
         x, y = batch(data)
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
-    return digest(parameter.full_tensor() for parameter in model.parameters())
+    return flat(parameter.full_tensor() for parameter in model.parameters())
 
 
 class Pause:
@@ -324,11 +331,14 @@ def main() -> None:
     say(rank=rank, local_rank=local_rank, device=group.device, backend=backend, resilient=group.resilient)
     say(checks=check_collectives(rank, world) | against_gloo(rank, world), rank=rank)
     say(errors=check_errors(rank), rank=rank)
-    say(params=train(rank, args.steps), rank=rank)
+    trained = train(rank, args.steps)
+    say(params=digest(trained), rank=rank)
     if args.pause_at is not None:
-        say(paused_params=train(rank, args.steps, pause=Pause(args.pause_at, args.resume_file)), rank=rank)
+        paused = train(rank, args.steps, pause=Pause(args.pause_at, args.resume_file))
+        say(paused_params=digest(paused), rank=rank)
     if args.gloo_reference:
-        say(gloo_params=train(rank, args.steps, group=dist.new_group(backend="gloo")), rank=rank)
+        gloo = train(rank, args.steps, group=dist.new_group(backend="gloo"))
+        say(as_gloo=like_gloo(trained, gloo, world), rank=rank)
     dist.destroy_process_group()
 
 

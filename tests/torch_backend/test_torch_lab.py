@@ -1,9 +1,11 @@
-"""The "shift" backend on the lab fabric: torchrun on two lab hosts, one rank each, as a training job runs.
+"""The "shift" backend on the lab fabric: torchrun on two lab hosts, two ranks each, as a training job runs.
 
-One job for the module (torch and torchrun cost far more than the collectives): it checks every collective
-between the hosts, trains a few DDP steps, then trains the same steps again while `shiftctl fail-nic`
-takes away host 0's NIC under the ring, and once more over gloo. The three trainings must end with the same
-parameters, bit for bit.
+Each rank of a host is on its own NIC (local rank i on mlx5_i), the other's NIC its backup, as on a
+rail-optimized GPU host; ranks of one host talk across the rails, through the lab's spine. One job for the
+module (torch and torchrun cost far more than the collectives): it checks every collective between the
+ranks, trains a few DDP steps, then trains the same steps again while `shiftctl fail-nic` takes away host
+0's mlx5_0 (local rank 0's NIC, local rank 1's backup) under the ring, and once more over gloo. The three
+trainings must end with the same parameters, bit for bit.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(400)]
 
 STEPS = 6
 PAUSE_AT = 2
+RANKS_PER_HOST = 2
 MASTER = "198.19.0.10"  # host 0 on the management network: torchrun's rendezvous store
 PORT = 29411
 JOB_TIMEOUT = 300.0
@@ -32,7 +35,15 @@ def start_job(lab: Lab, args: Sequence[str]) -> list[TorchRun]:
     """torchrun on each host (node rank = host index) running script.py with `args`."""
     runs = []
     for node, host in enumerate(lab.host_names):
-        torchrun = [TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node)]
+        torchrun = [
+            TORCHRUN,
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            str(RANKS_PER_HOST),
+            "--node-rank",
+            str(node),
+        ]
         rendezvous = ["--master-addr", MASTER, "--master-port", str(PORT)]
         argv, env = lab.exec_command(host, [*torchrun, *rendezvous, SCRIPT, *args])
         env.pop("SHIFT_DEVICE", None)  # the local rank picks the NIC
@@ -80,7 +91,7 @@ def job(tmp_path_factory) -> Iterator[Job]:
         args = ["--steps", str(STEPS), "--pause-at", str(PAUSE_AT), "--resume-file", str(resume)]
         runs = start_job(lab, [*args, "--gloo-reference"])
         try:
-            runs[0].wait_for("paused", JOB_TIMEOUT)  # rank 0 stopped; rank 1 waits in the next all-reduce
+            runs[0].wait_for("paused", JOB_TIMEOUT)  # rank 0 stopped; the others wait in the next all-reduce
             shiftctl(lab, host, "fail-nic", "mlx5_0")
             resume.touch()
             lines = [line for run in runs for line in run.finish(JOB_TIMEOUT)]
@@ -92,9 +103,9 @@ def job(tmp_path_factory) -> Iterator[Job]:
 
 
 def test_each_rank_uses_its_rail_with_failover(job):
-    assert job.of("device") == {0: "mlx5_0", 1: "mlx5_0"}  # local rank 0 on each host
-    assert job.of("backend") == {0: "shift", 1: "shift"}
-    assert job.of("resilient") == {0: True, 1: True}
+    assert job.of("device") == {0: "mlx5_0", 1: "mlx5_1", 2: "mlx5_0", 3: "mlx5_1"}  # by local rank
+    assert job.of("backend") == dict.fromkeys(range(4), "shift")
+    assert job.of("resilient") == dict.fromkeys(range(4), True)
 
 
 def test_collectives_between_hosts(job):
@@ -108,12 +119,12 @@ def test_collectives_between_hosts(job):
 
 def test_ddp_between_hosts_trains_as_gloo_does(job):
     params = job.of("params")
-    assert len(params) == 2 and len(set(params.values())) == 1
-    assert job.of("gloo_params") == params
+    assert len(params) == 4 and len(set(params.values())) == 1
+    assert job.of("as_gloo") == dict.fromkeys(range(4), "ok")  # four ranks: gloo adds in another order
 
 
 def test_fail_nic_during_ddp_changes_no_bit(job):
     assert job.failed_over, "host 0's shiftd counted no failover while the job ran"
     assert job.of("paused_params") == job.of("params")
     steps = [line["step"] for line in job.lines if "step" in line]
-    assert sorted(steps) == sorted(list(range(STEPS)) * 3 * 2)  # three trainings on each of two ranks
+    assert sorted(steps) == sorted(list(range(STEPS)) * 3 * 4)  # three trainings on each of four ranks
