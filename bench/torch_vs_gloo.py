@@ -9,7 +9,9 @@ root may return before its bytes have arrived, gloo's does; the receiver's time 
 Sizes are the whole buffer as nccl-tests count them (all_gather's output, reduce_scatter's input),
 float32. Bus bandwidth as nccl-tests: all_reduce size x 2(n-1)/n, all_gather and reduce_scatter
 size x (n-1)/n, broadcast size, each over the time. send_recv is point to point: every rank isends the size
-to the next rank and irecvs the one before's (batch_isend_irecv), bus bandwidth the size over the time.
+to the next rank and irecvs the one before's (batch_isend_irecv) into one tensor per size, as a pipeline
+stage receives into buffers it made once (torch.distributed.pipelining); bus bandwidth the size over the
+time.
 
 Then the GPT-2 example trains the same steps under each backend (examples/gpt2, 2 ranks, gloo on the
 same NIC), and the median step time after WARMUP steps is compared.
@@ -82,7 +84,8 @@ def rank_main(args: argparse.Namespace) -> None:
         if call == "all_gather":
             return lambda g: dist.all_gather_into_tensor(whole, part, group=g)
         if call == "send_recv":
-            return lambda g: exchange(whole, torch.empty_like(whole), g)
+            theirs = torch.empty_like(whole)  # made once: a fresh one per call was the rule before session 28
+            return lambda g: exchange(whole, theirs, g)
         return lambda g: dist.reduce_scatter_tensor(part, whole, group=g)
 
     def exchange(mine: object, theirs: object, group: object) -> None:

@@ -54,22 +54,33 @@ class Buffers:
             self._work = Region(mr, np.frombuffer(mr.view, np.uint8))
         return self._work
 
-    def in_place(self, array: np.ndarray) -> Region | None:
+    def in_place(self, array: np.ndarray, at_once: bool = True) -> Region | None:
         """`array` itself, registered, if it is writable and large enough, or used often enough, to be
-        worth it; else None (copy it)."""
+        worth it; else None (copy it). `at_once`: whether a large array is registered at its first use
+        (else, as a smaller one, when it comes again)."""
         if array.nbytes < REUSED_MIN or not array.flags.writeable:
             return None
         data = array.reshape(-1).view(np.uint8)
         key = (data.ctypes.data, data.nbytes)
         region = self._kept.pop(key, None)
         if region is None:
-            if data.nbytes < IN_PLACE_MIN and not self._again(key):
+            if (data.nbytes < IN_PLACE_MIN or not at_once) and not self._again(key):
                 return None
             region = Region(ShiftMR(self.pd, data.nbytes, ACCESS, buffer=data), data)
             self._kept_bytes += data.nbytes
             while self._kept and self._kept_bytes > CACHE_BYTES:
                 self._drop(self._kept.popitem(last=False)[1])
         self._kept[key] = region
+        return Region(region.mr, data)
+
+    def kept(self, array: np.ndarray) -> Region | None:
+        """`array`'s registration, if one is kept (none is made)."""
+        data = array.reshape(-1).view(np.uint8)
+        key = (data.ctypes.data, data.nbytes)
+        region = self._kept.get(key)
+        if region is None:
+            return None
+        self._kept.move_to_end(key)
         return Region(region.mr, data)
 
     def _again(self, key: tuple[int, int]) -> bool:

@@ -17,7 +17,8 @@ from libshift.collectives import ops, plan
 from libshift.collectives.device import pick_device
 from libshift.collectives.errors import CollectiveError
 from libshift.collectives.ops import ReduceOp
-from libshift.collectives.pairs import Done, Pairs
+from libshift.collectives.pairs import Pairs
+from libshift.collectives.peer import Done
 from libshift.collectives.ring import CHUNK, Ring
 from libshift.collectives.store import Store
 

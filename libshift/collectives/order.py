@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 
-def ring_order(nics: Sequence[Collection[str]]) -> list[int]:
+def ring_ranks(nics: Sequence[Collection[str]]) -> list[int]:
     """The ranks in ring order, given each rank's GIDs (`nics[rank]`)."""
     hosts = _hosts(nics)
     members: dict[int, list[int]] = {}

@@ -11,6 +11,9 @@ gloo), and a sender has at most SLOTS chunks not handed back, so no slot is over
 Sends and receives between two ranks pair up in the order they were made, as MPI's do; a receive whose
 message has another size or tag fails, naming what came, and the message is dropped.
 
+A message of at least DIRECT_MIN bytes goes straight from the sender's array into the receiver's once
+the receiver has announced where that is (direct.py).
+
 A thread of its own carries every transfer (connecting, posting, copying), so a send and a receive that
 are both posted before either is waited for (batch_isend_irecv, a pipeline's exchange) make progress; the
 caller is told of the end of each through the callback it gave. A peer is connected through the store when
@@ -24,72 +27,42 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import struct
 import threading
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from libshift.collectives import direct
+from libshift.collectives.buffers import Buffers
 from libshift.collectives.errors import CHECK_EVERY, Alarm, CollectiveError, NoPathLeft
+from libshift.collectives.peer import (
+    ACCESS,
+    ANNOUNCE_WR,
+    ANNOUNCED,
+    CHUNK,
+    DIRECT,
+    DIRECT_WR,
+    HEADER,
+    MAIL_SLOT,
+    MAILBOX,
+    NUMBER,
+    PAYLOAD,
+    RECEIVES,
+    SLOTS,
+    Done,
+    Peer,
+    Transfer,
+)
 from libshift.collectives.store import Store
 from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP
 from libshift.verbs import SGE, WC, Endpoint, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
 from libshift.verbs import enums as e
 
 log = logging.getLogger("libshift.collectives")
-CHUNK = 1 << 20  # a slot: one chunk's header and bytes
-SLOTS = 4  # chunks in flight to one peer at most
-HEADER = struct.Struct("<Qq")  # the message's size in bytes, its tag
-PAYLOAD = CHUNK - HEADER.size
-RECEIVES = 2 * SLOTS + 2  # posted per QP: for the peer's chunks and its hand-backs
-ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
 QP_TIMEOUT = 16  # as the ring's: a loaded machine is not a dead link
 # while a peer has not published its endpoint, the store is looked at after this, doubling up to CHECK_EVERY
 # (a peer that never comes costs a few looks a second)
 CONNECT_POLL = 0.002
-MASK32 = 0xFFFFFFFF
 SUCCESS = e.ibv_wc_status.IBV_WC_SUCCESS
-Done = Callable[[BaseException | None], None]
-
-
-@dataclass
-class Transfer:
-    """One send or receive: its peer, tag and bytes (a flat uint8 view), how far it has come, and whom to
-    tell when it ends."""
-
-    peer: int
-    tag: int
-    data: np.ndarray
-    done: Done
-    offset: int = 0
-
-    def what(self, kind: str) -> str:
-        return f"{kind} of {self.data.nbytes} bytes with tag {self.tag}"
-
-
-@dataclass
-class Peer:
-    """One peer's QP, staging (its chunks land here) and outbox (ours go from here), and the transfers."""
-
-    qp: ShiftQP
-    staging: ShiftMR
-    outbox: ShiftMR
-    target: tuple[int, int] = (0, 0)  # the peer's staging: address, rkey
-    connected: bool = False
-    sends: deque[Transfer] = field(default_factory=deque)
-    recvs: deque[Transfer] = field(default_factory=deque)
-    written: int = 0  # chunks written to the peer
-    completed: int = 0  # of them, acknowledged (their outbox slots free again)
-    credits: int = SLOTS  # slots of the peer's staging free for us
-    last_chunks: dict[int, Transfer] = field(default_factory=dict)  # a send's last chunk -> the send
-    arrived: int = 0  # chunks landed in our staging
-    consumed: int = 0  # of them, copied out (or dropped) and handed back
-    message: tuple[int, int, int] | None = None  # the message coming in: size, tag, bytes taken
-    dropping: bool = False  # the message coming in had no receive of its size and tag
-    owed: int = 0  # slots consumed, not yet handed back
-    handing: int = 0  # hand-backs posted, not yet complete (at most SLOTS: the send queue's room)
 
 
 class Pairs:
@@ -102,6 +75,7 @@ class Pairs:
         self.rank, self.timeout = alarm.rank, timeout
         self.channel = ShiftCompChannel(ctx)
         self.cq = ShiftCQ(ctx, 4 * RECEIVES, channel=self.channel)
+        self.buffers = Buffers(pd)  # the arrays of direct messages, registered (the thread's alone)
         self.peers: dict[int, Peer] = {}
         self._orders: queue.SimpleQueue[tuple[str, Transfer] | None] = queue.SimpleQueue()
         self._broken: CollectiveError | None = None  # set when the thread stopped on a fault
@@ -127,8 +101,9 @@ class Pairs:
         self._thread.join(timeout=self.timeout)
         self._refuse_orders()  # any that came while the thread was ending
         for peer in self.peers.values():
-            for obj in (peer.qp, peer.staging, peer.outbox):
+            for obj in (peer.qp, peer.staging, peer.outbox, peer.mailbox):
                 obj.close()
+        self.buffers.close()
         self.cq.close()
         self.channel.close()  # its eventfd, and the context's fast path, which waits for it
 
@@ -188,19 +163,29 @@ class Pairs:
             why = f"rank {self.rank}: {transfer.what(kind)} with rank {transfer.peer}: {exc}"
             transfer.done(CollectiveError(why))
             return
-        (peer.sends if kind == "send" else peer.recvs).append(transfer)
+        if kind == "send":
+            transfer.number, peer.sends_made = peer.sends_made, peer.sends_made + 1
+            peer.sends.append(transfer)
+        else:
+            transfer.number, peer.recvs_made = peer.recvs_made, peer.recvs_made + 1
+            peer.recvs.append(transfer)
         self._advance(transfer.peer)
 
     def _peer(self, q: int) -> Peer:
         """The peer's QP and staging, made and published at the first transfer with it (connected later)"""
         peer = self.peers.get(q)
         if peer is None:
-            cap = QPCap(max_send_wr=2 * SLOTS + 2, max_recv_wr=RECEIVES)
+            cap = QPCap(max_send_wr=2 * SLOTS + 2 * MAILBOX + 2, max_recv_wr=RECEIVES)
             qp = ShiftQP(self.pd, QPInitAttr(scq=self.cq, rcq=self.cq, cap=cap))
             staging = ShiftMR(self.pd, SLOTS * CHUNK, ACCESS)
-            peer = Peer(qp, staging, ShiftMR(self.pd, SLOTS * CHUNK, ACCESS))
+            mailbox = ShiftMR(self.pd, 2 * MAILBOX * MAIL_SLOT, ACCESS)
+            peer = Peer(qp, staging, ShiftMR(self.pd, SLOTS * CHUNK, ACCESS), mailbox)
             self.peers[q] = peer
-            mine = {"qp": qp.endpoint().to_json(), "staging": [staging.buf, staging.rkey]}
+            mine = {
+                "qp": qp.endpoint().to_json(),
+                "staging": [staging.buf, staging.rkey],
+                "mailbox": [mailbox.buf, mailbox.rkey],
+            }
             self.store.set(self._key(self.rank, q), json.dumps(mine).encode())
         return peer
 
@@ -215,6 +200,8 @@ class Pairs:
         theirs = json.loads(self.store.get(key))
         address, rkey = theirs["staging"]
         peer.target = (address, rkey)
+        address, rkey = theirs["mailbox"]
+        peer.mail_target = (address, rkey)
         attr = QPAttr(qp_access_flags=ACCESS, timeout=QP_TIMEOUT, min_rnr_timer=1)
         peer.qp.connect(Endpoint.from_json(theirs["qp"]), attr)
         for _ in range(RECEIVES):
@@ -231,11 +218,16 @@ class Pairs:
             return
         while peer.consumed < peer.arrived and self._consume(peer, q):
             pass
+        direct.announce(peer, self.buffers)
         if peer.owed and peer.handing < SLOTS:
             peer.qp.post_send(SendWR(opcode=e.IBV_WR_SEND_WITH_IMM, imm_data=peer.owed))
             peer.owed = 0
             peer.handing += 1
-        while peer.sends and peer.credits and peer.written - peer.completed < SLOTS:
+        while peer.sends:
+            if direct.write(peer, self.buffers):
+                continue
+            if not (peer.credits and peer.written - peer.completed < SLOTS):
+                break
             self._write_chunk(peer)
 
     def _consume(self, peer: Peer, q: int) -> bool:
@@ -281,7 +273,7 @@ class Pairs:
         address, rkey = peer.target
         peer.qp.post_send(
             SendWR(
-                wr_id=n, opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, imm_data=n & MASK32,
+                wr_id=n, opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, imm_data=n & NUMBER,
                 sg=[SGE(peer.outbox.buf + at, HEADER.size + piece, peer.outbox.lkey)],
                 remote_addr=address + at, rkey=rkey,
             )
@@ -290,6 +282,7 @@ class Pairs:
         peer.credits -= 1
         if send.offset == send.data.nbytes:  # the last chunk (an empty message has only a header)
             peer.last_chunks[n] = peer.sends.popleft()
+            peer.announcements.pop(send.number, None)  # one that came too late
 
     def _completions(self, wait: float) -> list[WC]:
         _, wcs = self.cq.poll(RECEIVES)
@@ -313,11 +306,8 @@ class Pairs:
         if wc.status != SUCCESS:
             self._fail(q, wc)
             return
-        if wc.opcode == e.ibv_wc_opcode.IBV_WC_RECV_RDMA_WITH_IMM:  # a chunk landed
-            if wc.imm_data != peer.arrived & MASK32:
-                expected = peer.arrived & MASK32
-                raise CollectiveError(f"chunk {wc.imm_data} came from rank {q}, expected {expected}")
-            peer.arrived += 1
+        if wc.opcode == e.ibv_wc_opcode.IBV_WC_RECV_RDMA_WITH_IMM:
+            self._landed(peer, q, wc.imm_data)
             peer.qp.post_recv(RecvWR())
         elif wc.opcode == e.ibv_wc_opcode.IBV_WC_RECV:  # slots handed back
             peer.credits += wc.imm_data
@@ -325,16 +315,43 @@ class Pairs:
         elif wc.opcode == e.ibv_wc_opcode.IBV_WC_SEND:  # a hand-back went
             peer.handing -= 1
         elif wc.opcode == e.ibv_wc_opcode.IBV_WC_RDMA_WRITE:
-            peer.completed = wc.wr_id + 1
-            send = peer.last_chunks.pop(wc.wr_id, None)
+            self._written(peer, wc.wr_id)
+        self._advance(q)
+
+    def _landed(self, peer: Peer, q: int, imm: int) -> None:
+        """A write from the peer landed: an announcement, a direct message's end, or a chunk."""
+        if imm & ANNOUNCED:
+            direct.take_announcement(peer, imm & NUMBER)
+        elif imm & DIRECT:
+            recv = peer.recvs[0] if peer.recvs else None
+            if recv is None or recv.region is None or recv.number & NUMBER != imm & NUMBER:
+                expected = "none" if recv is None else recv.number
+                raise CollectiveError(
+                    f"message {imm & NUMBER} came direct from rank {q}, expected {expected}"
+                )
+            peer.message = None  # its staged beginning, if any, was taken before: completions come in order
+            peer.recvs.popleft().done(None)
+        else:
+            if imm != peer.arrived & NUMBER:
+                raise CollectiveError(f"chunk {imm} came from rank {q}, expected {peer.arrived & NUMBER}")
+            peer.arrived += 1
+
+    def _written(self, peer: Peer, wr_id: int) -> None:
+        """A write of ours was acknowledged: a direct message (it ended), an announcement, or a chunk."""
+        if wr_id & DIRECT_WR:
+            peer.direct.pop(wr_id & ~DIRECT_WR).done(None)
+        elif wr_id & ANNOUNCE_WR:
+            peer.announcing.discard(wr_id & ~ANNOUNCE_WR)
+        else:
+            peer.completed = wr_id + 1
+            send = peer.last_chunks.pop(wr_id, None)
             if send is not None:
                 send.done(None)
-        self._advance(q)
 
     def _look_at_alarm(self) -> None:
         """Between waits, as the ring does: when a rank found a host with no path left, every transfer
         still waiting fails with its word (a peer that left with its host may never answer)."""
-        if not any(p.sends or p.recvs or p.last_chunks for p in self.peers.values()):
+        if not any(p.sends or p.recvs or p.last_chunks or p.direct for p in self.peers.values()):
             return
         try:
             self.alarm.check()
@@ -361,10 +378,11 @@ class Pairs:
     @staticmethod
     def _fail_all(peer: Peer, error: BaseException) -> bool:
         """End every transfer with `peer` with `error`; whether there was any."""
-        pending = [*peer.sends, *peer.recvs, *peer.last_chunks.values()]
+        pending = [*peer.sends, *peer.recvs, *peer.last_chunks.values(), *peer.direct.values()]
         for transfer in pending:
             transfer.done(error)
         peer.sends.clear()
         peer.recvs.clear()
         peer.last_chunks.clear()
+        peer.direct.clear()
         return bool(pending)

@@ -31,7 +31,7 @@ import numpy as np
 from libshift.collectives import ops
 from libshift.collectives.buffers import Buffers, Region
 from libshift.collectives.errors import CHECK_EVERY, Alarm, CollectiveError
-from libshift.collectives.order import ring_order
+from libshift.collectives.order import ring_ranks
 from libshift.collectives.plan import Apply, Plan, Recv, Send
 from libshift.collectives.store import Store
 from libshift.shift import ShiftCompChannel, ShiftContext, ShiftCQ, ShiftMR, ShiftPD, ShiftQP
@@ -101,7 +101,7 @@ class Ring:
         """Swap the GIDs of the NICs this rank's context opened with every rank: the ring's order."""
         gids = sorted({str(device.query_gid()) for device in self.ctx.devices.values()})
         store.set(f"{prefix}/nics/{self.rank}", json.dumps(gids).encode())
-        return ring_order([json.loads(store.get(f"{prefix}/nics/{q}")) for q in range(self.world_size)])
+        return ring_ranks([json.loads(store.get(f"{prefix}/nics/{q}")) for q in range(self.world_size)])
 
     def in_order(self, per_rank: list[T]) -> list[T]:
         """`per_rank` (one item per rank) in ring order: what the plans take."""

@@ -89,6 +89,7 @@ def run_loop(comm: Communicator, count: int, iterations: int | None, out: Path) 
     iteration."""
     mine = make_input(Case("all_reduce", "float32", count), 0, comm.rank)
     x = mine.copy()
+    came = np.empty_like(x)  # the receive's array, the same every time, as a pipeline stage's are
     told = threading.Event()
     if iterations is None and comm.rank == 0:
         threading.Thread(target=lambda: (sys.stdin.readline(), told.set()), daemon=True).start()
@@ -102,7 +103,7 @@ def run_loop(comm: Communicator, count: int, iterations: int | None, out: Path) 
                     break
             comm.all_reduce(x)
             np.divide(x, comm.world_size, out=x)
-            pass_on(comm, x, done)
+            pass_on(comm, x, came, done)
         except CollectiveError as exc:
             say(error=str(exc), kind=type(exc).__name__, at=time.time())
             raise
@@ -114,11 +115,12 @@ def run_loop(comm: Communicator, count: int, iterations: int | None, out: Path) 
     say(iterations=done)
 
 
-def pass_on(comm: Communicator, x: np.ndarray, tag: int) -> None:
+def pass_on(comm: Communicator, x: np.ndarray, came: np.ndarray, tag: int) -> None:
     """Point to point in the loop: x (all-reduced, so the same bits on every rank) goes to the right
-    neighbour while the left's comes in; what comes must be x, bit for bit."""
+    neighbour while the left's comes into `came` (1 MiB, so from the third iteration on straight into it:
+    collectives/direct.py); what comes must be x, bit for bit."""
     n = comm.world_size
-    came = np.empty_like(x)
+    came.fill(0)
     ended: list[BaseException | None] = []
     both = threading.Semaphore(0)
 

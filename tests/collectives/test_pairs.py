@@ -2,12 +2,14 @@
 
 No shiftd: the QPs are plain, so what is checked is the staging itself: order, messages of many chunks,
 sends ahead of their receives and more than the slots hold, empty arrays, a mistake that fails the
-receive and leaves the pair usable, and a close that ends what still waits.
+receive and leaves the pair usable, and a close that ends what still waits; and large messages written
+straight into their receives, whole or after a staged beginning, or staged when they do not fit.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,9 +18,11 @@ import numpy as np
 import pytest
 
 from libshift.collectives import CollectiveError, Communicator, FileStore
-from libshift.collectives.pairs import SLOTS
+from libshift.collectives.direct import AHEAD
+from libshift.collectives.peer import DIRECT_MIN, MAILBOX, PAYLOAD, SLOTS, Peer
 
 WAIT = 30.0
+LARGE = 4 << 20  # registered in place at once (buffers.IN_PLACE_MIN): a message that can go direct
 
 
 class Outcome:
@@ -155,3 +159,114 @@ def test_closing_ends_the_transfers_still_waiting(tmp_path: Path) -> None:
     error = waiting.result()
     assert isinstance(error, CollectiveError)
     assert str(error) == "rank 1: closed before the transfer ended"
+
+
+def peer_of(comm: Communicator, q: int) -> Peer:
+    assert comm._pairs is not None
+    return comm._pairs.peers[q]
+
+
+def wait_until(predicate: Callable[[], bool]) -> None:
+    deadline = threading.Event()
+    for _ in range(int(WAIT / 0.01)):
+        if predicate():
+            return
+        deadline.wait(0.01)
+    raise AssertionError("not within the wait")
+
+
+@pytest.fixture
+def fresh_pair(tmp_path: Path) -> Iterator[tuple[Communicator, Communicator]]:
+    """A pair of its own: direct placement's counts of registrations start from nothing."""
+    with two_ranks(tmp_path) as made:
+        yield made
+
+
+def exchange(
+    sender: Communicator, want: np.ndarray, receiver: Communicator, got: np.ndarray, tag: int
+) -> None:
+    """One message, its receive posted and announced (when it can be) before its send."""
+    received = recv(receiver, got, sender.rank, tag)
+    if receiver._pairs is not None and got.nbytes >= DIRECT_MIN and sender._pairs is not None:
+        time.sleep(0.05)  # time for the announcement, if one goes
+    assert send(sender, want, receiver.rank, tag).result() is None and received.result() is None
+    assert np.array_equal(got, want)
+
+
+def test_a_large_message_into_memory_used_before_goes_straight_into_its_receive(fresh_pair) -> None:
+    a, b = fresh_pair
+    want, got = np.random.default_rng(1).random(LARGE // 8), np.zeros(LARGE // 8)
+    exchange(a, want, b, got, tag=4)  # the receive's first use: staged (buffers.py), no announcement
+    assert peer_of(a, 1).written > 0 and peer_of(b, 0).registered == 0
+    exchange(a, want, b, got, tag=4)  # the receive's second: announced; the send's first: staged
+    assert peer_of(b, 0).registered == 1 and peer_of(a, 1).registered == 0
+    got[:] = 0
+    received = recv(b, got, 0, tag=4)
+    wait_until(lambda: 2 in peer_of(a, 1).announcements)
+    written = peer_of(a, 1).written
+    assert send(a, want, 1, tag=4).result() is None and received.result() is None
+    assert np.array_equal(got, want)
+    assert peer_of(a, 1).written == written  # the third: no chunk staged
+    assert peer_of(a, 1).registered == 1 and peer_of(b, 0).reused == 1
+
+
+def test_messages_sent_before_their_announcements_end_direct_or_staged(fresh_pair) -> None:
+    a, b = fresh_pair
+    want = [np.random.default_rng(seed).random(LARGE // 8) for seed in range(MAILBOX + 1)]
+    got = [np.zeros_like(w) for w in want]
+    for _ in range(4):  # the arrays come again, as a pipeline's buffers do
+        sent = [send(b, w, 0, tag=i) for i, w in enumerate(want)]  # sent first, more than the mailbox holds
+        received = [recv(a, g, 1, tag=i) for i, g in enumerate(got)]
+        assert [o.result() for o in sent + received] == [None] * len(sent + received)
+        assert all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
+        for g in got:
+            g[:] = 0
+    assert peer_of(b, 0).reused > 0  # later rounds went direct, on the registrations of the first
+    assert not peer_of(b, 0).announcements and not peer_of(a, 1).announcing
+
+
+def test_both_ways_at_once_direct_and_staged_messages_mixed(fresh_pair) -> None:
+    a, b = fresh_pair
+    sizes = [LARGE, 100, PAYLOAD + 1, LARGE + 8, 0, DIRECT_MIN]
+    arrays = {
+        (x.rank, n): (np.random.default_rng(n).integers(0, 255, n, np.uint8), np.zeros(n, np.uint8))
+        for x in (a, b)
+        for n in sizes
+    }
+    for _ in range(4):
+        for first, second in ((a, b), (b, a)):
+            pairs = [arrays[first.rank, n] for n in sizes]
+            one = [recv(second, g, first.rank, tag=7) for _, g in pairs[:3]]
+            sent = [send(first, w, second.rank, tag=7) for w, _ in pairs]
+            rest = [recv(second, g, first.rank, tag=7) for _, g in pairs[3:]]
+            assert all(o.result() is None for o in [*one, *sent, *rest])
+            assert all(np.array_equal(w, g) for w, g in pairs)
+            for _, g in pairs:
+                g[:] = 0
+    assert peer_of(a, 1).reused > 0 and peer_of(b, 0).reused > 0
+
+
+def test_a_large_receive_of_another_size_fails_and_the_next_pair_goes_direct(fresh_pair) -> None:
+    a, b = fresh_pair
+    want, got = np.arange(LARGE // 4, dtype=np.int32), np.zeros(LARGE // 4, np.int32)
+    for _ in range(2):  # the receive registered, the send seen (test above)
+        exchange(a, want, b, got, tag=6)
+    wrong = np.zeros(LARGE // 4 + 1, np.int32)
+    received = recv(b, wrong, 0, tag=6)
+    assert send(a, want, 1, tag=6).result() is None  # staged: it does not fit
+    error = received.result()
+    assert isinstance(error, CollectiveError) and f"met a send of {LARGE} bytes with tag 6" in str(error)
+    written = peer_of(a, 1).written
+    exchange(a, want, b, got, tag=6)
+    assert peer_of(a, 1).written == written  # direct
+
+
+def test_fresh_memory_every_time_stops_registering(fresh_pair) -> None:
+    a, b = fresh_pair
+    want = np.random.default_rng(2).random(LARGE // 8)
+    kept = []  # every array alive, so none comes again at an address seen before
+    for _ in range(3 * AHEAD):
+        got = np.zeros_like(want)
+        kept.append(got)
+        exchange(a, want, b, got, tag=1)
+    assert peer_of(b, 0).registered <= AHEAD  # then staged: registering each would cost a round trip
