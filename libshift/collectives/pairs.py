@@ -14,9 +14,12 @@ message has another size or tag fails, naming what came, and the message is drop
 A message of at least DIRECT_MIN bytes goes straight from the sender's array into the receiver's once
 the receiver has announced where that is (direct.py).
 
-A thread of its own carries every transfer (connecting, posting, copying), so a send and a receive that
-are both posted before either is waited for (batch_isend_irecv, a pipeline's exchange) make progress; the
-caller is told of the end of each through the callback it gave. A peer is connected through the store when
+The caller's thread posts its transfer (a hand-off to a thread and back cost more than a small message
+does); a thread of its own carries every transfer on from its completions (connecting, copying, writing
+the next chunks), so a send and a receive that are both posted before either is waited for
+(batch_isend_irecv, a pipeline's exchange) make progress. The peers' state is the thread's, under a lock
+that a posting caller takes too; the caller is told of the end of each transfer through the callback it
+gave, on the thread that saw it end. A peer is connected through the store when
 both ranks have used it: each publishes its QP's endpoint and staging at its first transfer with the other,
 and the thread looks for the peer's between its waits. While transfers wait, the thread also looks at the
 ring's alarm: a rank that found a host with no path left fails them all with its word.
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 
 import numpy as np
@@ -66,7 +68,7 @@ SUCCESS = e.ibv_wc_status.IBV_WC_SUCCESS
 
 
 class Pairs:
-    """`send(array, peer, tag, done)` and `recv(...)`: queued at once, carried by the thread."""
+    """`send(array, peer, tag, done)` and `recv(...)`: posted at once, carried on by the thread."""
 
     def __init__(
         self, ctx: ShiftContext, pd: ShiftPD, alarm: Alarm, store: Store, prefix: str, timeout: float
@@ -77,8 +79,11 @@ class Pairs:
         self.cq = ShiftCQ(ctx, 4 * RECEIVES, channel=self.channel)
         self.buffers = Buffers(pd)  # the arrays of direct messages, registered (the thread's alone)
         self.peers: dict[int, Peer] = {}
-        self._orders: queue.SimpleQueue[tuple[str, Transfer] | None] = queue.SimpleQueue()
-        self._broken: CollectiveError | None = None  # set when the thread stopped on a fault
+        # the peers' state is the thread's, but for the caller that posts its own transfer (no hand-off)
+        self._lock = threading.RLock()
+        self._closing = False
+        self._fault: Exception | None = None  # met by a caller posting: the thread stops on it
+        self._broken: CollectiveError | None = None  # set when the thread stopped
         self._thread = threading.Thread(target=self._run, name=f"shift-p2p-r{self.rank}", daemon=True)
         self._thread.start()
 
@@ -89,17 +94,25 @@ class Pairs:
         self._order("recv", Transfer(peer, tag, array.reshape(-1).view(np.uint8), done))
 
     def _order(self, kind: str, transfer: Transfer) -> None:
-        if self._broken is not None:
-            raise self._broken
-        self._orders.put((kind, transfer))
-        self.channel.notify(self.cq)  # wakes the thread from its wait on the channel
+        """Post the transfer on the caller's thread (a hand-off to the thread and back cost more than a small
+        message); the thread carries it on from its completions."""
+        with self._lock:
+            if self._broken is not None:
+                raise self._broken
+            try:
+                self._take(kind, transfer)
+            except Exception as exc:
+                self._fault = exc
+            peer = self.peers.get(transfer.peer)
+            if self._fault is not None or (peer is not None and not peer.connected):
+                self.channel.notify(self.cq)  # the thread stops on the fault, or connects the peer
 
     def close(self) -> None:
         """Stop the thread; a transfer not ended by then ends with an error (nobody waits for it for good)."""
-        self._orders.put(None)
+        with self._lock:
+            self._closing = True
         self.channel.notify(self.cq)
         self._thread.join(timeout=self.timeout)
-        self._refuse_orders()  # any that came while the thread was ending
         for peer in self.peers.values():
             for obj in (peer.qp, peer.staging, peer.outbox, peer.mailbox):
                 obj.close()
@@ -110,51 +123,35 @@ class Pairs:
     # -- the thread ------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        closed = False
         try:
             self._serve()
-            closed = True
-            self._broken = CollectiveError(f"rank {self.rank}: closed before the transfer ended")
+            broken = CollectiveError(f"rank {self.rank}: closed before the transfer ended")
         except Exception as exc:  # a fault here must not leave the callers waiting for good
             log.exception("rank %d: point to point stopped", self.rank)
-            self._broken = CollectiveError(f"rank {self.rank}: point to point stopped: {exc!r}")
-        for peer in self.peers.values():
-            self._fail_all(peer, self._broken)
-        self._refuse_orders(until_close=not closed)
-
-    def _refuse_orders(self, until_close: bool = False) -> None:
-        """End the orders queued with the error that stopped the thread: those there now, or (until_close)
-        all that come until close() says so."""
-        while True:
-            try:
-                order = self._orders.get() if until_close else self._orders.get_nowait()
-            except queue.Empty:
-                return
-            if order is None:
-                return
-            if self._broken is not None:
-                order[1].done(self._broken)
+            broken = CollectiveError(f"rank {self.rank}: point to point stopped: {exc!r}")
+        with self._lock:
+            self._broken = broken
+            for peer in self.peers.values():
+                self._fail_all(peer, broken)
 
     def _serve(self) -> None:
         poll = CONNECT_POLL
         while True:
-            try:
-                while True:
-                    order = self._orders.get_nowait()
-                    if order is None:
-                        return
-                    self._take(*order)
-            except queue.Empty:
-                pass
-            waiting = [q for q, peer in self.peers.items() if not peer.connected]
-            for q in waiting:
-                self._try_connect(q)
+            with self._lock:
+                if self._fault is not None:
+                    raise self._fault
+                if self._closing:
+                    return
+                waiting = [q for q, peer in self.peers.items() if not peer.connected]
+                for q in waiting:
+                    self._try_connect(q)
             poll = min(2 * poll, CHECK_EVERY) if waiting else CONNECT_POLL
             wcs = self._completions(poll if waiting else CHECK_EVERY)
-            for wc in wcs:
-                self._on_completion(wc)
-            if not wcs:
-                self._look_at_alarm()
+            with self._lock:
+                for wc in wcs:
+                    self._on_completion(wc)
+                if not wcs:
+                    self._look_at_alarm()
 
     def _take(self, kind: str, transfer: Transfer) -> None:
         try:
@@ -285,18 +282,22 @@ class Pairs:
             peer.announcements.pop(send.number, None)  # one that came too late
 
     def _completions(self, wait: float) -> list[WC]:
-        _, wcs = self.cq.poll(RECEIVES)
-        if wcs:
-            return wcs
-        self.cq.req_notify()
-        _, wcs = self.cq.poll(RECEIVES)
-        if not wcs:
-            try:
-                self.channel.get_cq_event(timeout=wait)
-            except TimeoutError:
-                return []
+        """The completions there are, else those after a wait on the channel (the lock not held: a caller
+        may post meanwhile)."""
+        with self._lock:
             _, wcs = self.cq.poll(RECEIVES)
-        return wcs
+            if wcs:
+                return wcs
+            self.cq.req_notify()
+            _, wcs = self.cq.poll(RECEIVES)
+            if wcs:
+                return wcs
+        try:
+            self.channel.get_cq_event(timeout=wait)
+        except TimeoutError:
+            return []
+        with self._lock:
+            return self.cq.poll(RECEIVES)[1]
 
     def _on_completion(self, wc: WC) -> None:
         q = next((q for q, p in self.peers.items() if p.qp.qp_num == wc.qp_num), None)
