@@ -20,7 +20,7 @@ from libshift.providers import (
     ProviderMR,
     ProviderPD,
 )
-from libshift.providers.tcp.netdev import device_socket, netdev_ipv4, netdev_port
+from libshift.providers.tcp.netdev import device_socket, netdev_index, netdev_ipv4, netdev_port, rebind
 from libshift.providers.tcp.qp import TcpQP
 from libshift.providers.tcp.qpns import QpnSpace
 from libshift.vocabulary.attrs import DeviceAttr, PortAttr, QPCap
@@ -39,6 +39,7 @@ class TcpContext(ProviderContext):
     def __init__(self, device: DeviceInfo) -> None:
         self.device = device
         self.address = netdev_ipv4(device.netdev, device.netns)
+        self.ifindex = netdev_index(device.netdev, device.netns)
         self.core = _core.Context()
         self.qpns = QpnSpace(self.listen_socket, self.core.listen)
         self.cqs: dict[int, TcpCQ] = {}  # by cookie, for the channel's events
@@ -55,9 +56,15 @@ class TcpContext(ProviderContext):
     def refresh_address(self) -> str:
         """The netdev's address now: a NIC re-addressed (back from repair) has another, and so another GID,
         which a QP connecting from here must use (and its peer must know: libshift/shift/readdress.py).
-        A netdev with none at the moment keeps the last one known."""
+        A netdev with none at the moment keeps the last one known. A netdev made anew (a driver reload:
+        same name, another ifindex) gets the listeners bound to it again, else no peer would reach them."""
         with contextlib.suppress(VerbsError):
             self.address = netdev_ipv4(self.device.netdev, self.device.netns)
+        ifindex = netdev_index(self.device.netdev, self.device.netns)
+        if ifindex is not None and ifindex != self.ifindex:
+            for fd in self.qpns.listeners:
+                rebind(fd, self.device.netdev)
+            self.ifindex = ifindex
         return self.address
 
     def new_socket(self) -> socket.socket:

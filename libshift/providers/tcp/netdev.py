@@ -4,6 +4,7 @@ the sockets the core is handed (made there, bound to the netdev)."""
 from __future__ import annotations
 
 import fcntl
+import os
 import socket
 import struct
 from collections.abc import Iterator
@@ -41,6 +42,21 @@ def netdev_ipv4(netdev: str, netns: str | None) -> str:
                 f"netdev {netdev!r}{where} has no usable IPv4 address ({exc.strerror})"
             ) from None
     return socket.inet_ntoa(reply[20:24])
+
+
+def netdev_index(netdev: str, netns: str | None) -> int | None:
+    """`netdev`'s ifindex inside the device's namespace; None while there is no such netdev."""
+    with device_netns(netns):
+        try:
+            return socket.if_nametoindex(netdev)
+        except OSError:
+            return None
+
+
+def rebind(fd: int, netdev: str) -> None:
+    """Bind the socket `fd` (owned elsewhere: the core's listener) to `netdev` as it is now."""
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, netdev.encode())
 
 
 def netdev_port(netdev: str, netns: str | None) -> PortAttr:

@@ -24,6 +24,7 @@ class QpnSpace:
         self._new_socket = new_socket
         self._listen = listen
         self._free: deque[int] = deque()
+        self.listeners: list[int] = []  # their fds (the core's): bound again when the netdev is made anew
 
     def take(self) -> int:
         if not self._free:
@@ -42,5 +43,7 @@ class QpnSpace:
         except OSError:
             sock.close()
             raise
-        self._listen(sock.detach())  # the core owns it from here
+        fd = sock.detach()
+        self._listen(fd)  # the core owns it from here
+        self.listeners.append(fd)
         self._free.extend(port << 8 | index for index in range(PER_LISTENER))
