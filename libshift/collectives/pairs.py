@@ -77,7 +77,7 @@ class Pairs:
         self.rank, self.timeout = alarm.rank, timeout
         self.channel = ShiftCompChannel(ctx)
         self.cq = ShiftCQ(ctx, 4 * RECEIVES, channel=self.channel)
-        self.buffers = Buffers(pd)  # the arrays of direct messages, registered (the thread's alone)
+        self.buffers = Buffers(pd)  # the arrays of direct messages, registered (used under the lock)
         self.peers: dict[int, Peer] = {}
         # the peers' state is the thread's, but for the caller that posts its own transfer (no hand-off)
         self._lock = threading.RLock()
