@@ -6,11 +6,9 @@ takes from each its data segments sent (tcpi_data_segs_out, retransmissions incl
 retransmissions (tcpi_total_retrans) and the bytes its peer acknowledged (tcpi_bytes_acked), and adds what
 each socket did since the last poll to the NIC whose address it is bound to. The bytes acknowledged count
 twice: all of them, and those of sockets the network held back: not the application (the kernel's
-tcpi_delivery_rate_app_limited clear, and at the poll a backlog: bytes not yet sent, tcpi_notsent_bytes,
-or a full congestion window, tcpi_unacked at tcpi_snd_cwnd; small messages, each sent whole, have
-neither, though their last rate sample may not say so), and not the receiver (the window the peer
-advertises, tcpi_snd_wnd, is not nearly closed: a peer slow to read is no slow link; a deep queue on the
-way keeps it open). The tcp provider's connections are such sockets, and so
+tcpi_delivery_rate_app_limited clear: the socket had more to send than the path took), and not the
+receiver (the window the peer advertises, tcpi_snd_wnd, is not nearly closed: a peer slow to read is no
+slow link; a deep queue on the way keeps it open). The tcp provider's connections are such sockets, and so
 is any other TCP traffic over the NIC: all of it is evidence of the link. The health machines' judges
 decide what it means: the loss judge (shiftd/loss.py) and the speed judge (shiftd/slow.py).
 
@@ -52,13 +50,10 @@ DIAG_REQUEST = struct.Struct("=BBBxI48x")
 # destination, interface, cookie; then expires, queues, uid, inode
 DIAG_MSG = struct.Struct("=B3x4x4s12x16x4xQ20x")
 # tcp_info up to tcpi_data_segs_out (Linux 4.6): the flags byte with tcpi_delivery_rate_app_limited (its
-# bit 0) at 7, tcpi_unacked at 24, tcpi_snd_cwnd at 80, tcpi_total_retrans at 100, tcpi_bytes_acked at 120,
-# tcpi_notsent_bytes at 144, tcpi_data_segs_out at 156
-TCP_INFO = struct.Struct("=7xB16xI52xI16xI16xQ16xI8xI")
+# bit 0) at 7, tcpi_total_retrans at 100, tcpi_bytes_acked at 120, tcpi_data_segs_out at 156
+TCP_INFO = struct.Struct("=7xB92xI16xQ28xI")
 APP_LIMITED = 0x1
-# and beyond it, read when there: tcpi_busy_time at 168 (Linux 4.10), the microseconds the socket had data
-# in flight, and tcpi_snd_wnd at 228 (Linux 5.4), the window the peer advertises
-BUSY_TIME = struct.Struct("=168xQ")
+# and beyond it (Linux 5.4), read when there: tcpi_snd_wnd at 228, the window the peer advertises
 PEER_WINDOW = struct.Struct("=228xI")
 WINDOW_CLOSED = 64 << 10  # a peer advertising less is reading slower than it is sent to
 INFO_ATTR = frozenset((INET_DIAG_INFO,))
@@ -75,8 +70,6 @@ class SocketCounts(NamedTuple):
     acked: int
     app_limited: bool
     peer_window: int | None = None  # the window its peer advertises (None: a kernel before 5.4)
-    busy_us: int | None = None  # microseconds it had data in flight (None: a kernel before 4.10)
-    backlogged: bool = True  # at the dump, bytes not yet sent or a full congestion window
 
 
 class DiagError(OSError):
@@ -113,15 +106,11 @@ def decode(data: bytes | bytearray) -> Iterator[SocketCounts | None]:
         info = attributes(data, body + DIAG_MSG.size, end, INFO_ATTR).get(INET_DIAG_INFO)
         if family != socket.AF_INET or info is None or len(info) < TCP_INFO.size:
             continue
-        flags, unacked, cwnd, retransmitted, acked, notsent, segments = TCP_INFO.unpack_from(info)
+        flags, retransmitted, acked, segments = TCP_INFO.unpack_from(info)
         window = PEER_WINDOW.unpack_from(info)[0] if len(info) >= PEER_WINDOW.size else None
-        busy = BUSY_TIME.unpack_from(info)[0] if len(info) >= BUSY_TIME.size else None
         source_address = socket.inet_ntop(socket.AF_INET, source)
         app_limited = bool(flags & APP_LIMITED)
-        backlogged = notsent > 0 or unacked >= cwnd > 0
-        yield SocketCounts(
-            cookie, source_address, segments, retransmitted, acked, app_limited, window, busy, backlogged
-        )
+        yield SocketCounts(cookie, source_address, segments, retransmitted, acked, app_limited, window)
 
 
 def _strerror(error: int) -> str:
@@ -138,24 +127,22 @@ def sent_since(last: dict[int, SocketCounts], now: dict[int, SocketCounts]) -> d
             done_before = _counters(before)
             if all(b <= n for b, n in zip(done_before, done, strict=True)):
                 done = tuple(n - b for b, n in zip(done_before, done, strict=True))
-        segments, retransmitted, acked, busy_us = done
+        segments, retransmitted, acked = done
         reader_slow = counts.peer_window is not None and counts.peer_window < WINDOW_CLOSED
-        held = not counts.app_limited and counts.backlogged and not reader_slow and acked > 0
+        held = not counts.app_limited and not reader_slow
         total = sent.get(counts.source, Traffic(0, 0, 0, 0))
         sent[counts.source] = Traffic(
             total.segments + segments,
             total.retransmitted + retransmitted,
             total.acked + acked,
             total.limited + (acked if held else 0),
-            max(total.busy, busy_us / 1e6 if held else 0.0),
         )
     return sent
 
 
 def _counters(counts: SocketCounts) -> tuple[int, ...]:
-    """What grows in a socket's counts: segments sent, retransmitted, bytes acknowledged, microseconds busy
-    (0 where the kernel does not say)."""
-    return (counts.segments, counts.retransmitted, counts.acked, counts.busy_us or 0)
+    """What grows in a socket's counts: segments sent, retransmitted, bytes acknowledged."""
+    return (counts.segments, counts.retransmitted, counts.acked)
 
 
 class TcpLossMonitor:
