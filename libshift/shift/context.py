@@ -164,11 +164,12 @@ class ShiftContext:
 
     def _on_nic(self, change: NicChange) -> None:
         """shiftd's word on our devices: a DOWN moves the traffic off the device (unless the link watch
-        was faster), and so does a DEGRADED that shiftd says to leave (its traffic is being lost); its UP
-        starts the failback or re-arms the backup."""
-        down, up = change.state is NicState.DOWN or change.move_off, change.state is NicState.UP
+        was faster); a DEGRADED that shiftd says to leave (lossy or slow, a healthy NIC beside it) moves
+        the traffic that has somewhere else to go; its UP starts the failback or re-arms the backup."""
+        down, up = change.state is NicState.DOWN, change.state is NicState.UP
+        leave = change.move_off and not down
         path = self.path_of.get(change.device)
-        if path is None or not (down or up) or change.previous_gid:
+        if path is None or not (down or up or leave) or change.previous_gid:
             return  # a new GID, the state as it was: the agent publishes our mappings under it
         log.debug("shiftd: %s (the %s path) is %s", change.device, path, change.state.name)
         if up:
@@ -176,7 +177,21 @@ class ShiftContext:
             self.fast.link_up(depth(path))
         elif path in self._links_down:
             return  # the link watch was first: its move is made
-        self._device_event(path, down, "nic_event")
+        if leave:
+            self._leave(path)
+        else:
+            self._device_event(path, down, "nic_event")
+
+    def _leave(self, path: str) -> None:
+        """The device of `path` still carries traffic, badly. shiftd judges only its own host's NICs, so a
+        QP on it whose other paths are not armed (the peer's NIC of them failed) stays: a degraded path is
+        better than none, and giving up there would end a job a NIC failure elsewhere had already moved."""
+        with self.lock:
+            qps = set(self.qps.values())
+        for qp in qps:
+            with self.lock:
+                qp.switcher.follow_core()
+                qp.switcher.leave(path)
 
     def _on_peer_nic(self, change: NicChange) -> None:
         """shiftd's word on a peer host's NIC: our paths to it follow a new GID, then a DOWN may leave a QP

@@ -280,6 +280,19 @@ class Switcher:
             else:
                 self._give_up(path)
 
+    def leave(self, path: str) -> None:
+        """shiftd says to leave the device of `path`, which still works (DEGRADED, a healthy NIC beside it):
+        a QP on it moves to the next armed path, and stays where there is none; a failback to it stops."""
+        qp = self.qp
+        if path == PRIMARY and qp.current != PRIMARY:
+            self.nic_down()  # not on it: disarmed until it is UP again, as for a DOWN
+            return
+        if qp.current != path or qp.states.send not in SWITCHABLE:
+            return
+        to = self.escape()
+        if to is not None:
+            self.switch_to(to, "nic_event")
+
     def _give_up(self, path: str) -> None:
         """The device of the path in use failed with no armed path left."""
         why = why_no_path(self.qp) or f"QP {self.qp.qp_num}: the {path} path failed, no other is armed"

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from stream_harness import Stream, admin, assert_intact, switches
+from stream_harness import Stream, admin, assert_intact, fail_nic, recover_nic, switches
 
 from libshift.api.shift.v1 import admin_pb2, common_pb2
 from shiftlab import netns
@@ -26,14 +26,14 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
 LOSS = 10.0  # percent, both ways, on rail 0's switch port towards h0
 
 
-def degraded_nics(lab: Lab) -> dict[str, str]:
-    """host -> the reason of its mlx5_0 while DEGRADED."""
+def degraded_nics(lab: Lab, device: str = "mlx5_0") -> dict[str, str]:
+    """host -> the reason of its `device` while DEGRADED."""
     found = {}
     for host in lab.host_names:
         with admin(lab, host) as stub:
             nics = stub.ListNics(admin_pb2.ListNicsRequest(), timeout=30).nics
         for nic in nics:
-            if nic.device == "mlx5_0" and nic.state == common_pb2.NIC_STATE_DEGRADED:
+            if nic.device == device and nic.state == common_pb2.NIC_STATE_DEGRADED:
                 found[host] = nic.reason
     return found
 
@@ -68,6 +68,33 @@ def test_a_lossy_link_moves_the_stream_off_and_it_comes_home_once_clean(
         ], f"{host}: {moves}"
         assert moves[0][3] in ("nic_event", "peer_notification"), f"{host}: {moves}"
     assert "nic_event" in {switches(lab, host, since)[0][3] for host in lab.host_names}
+
+
+def test_a_lossy_backup_with_nowhere_else_to_go_keeps_the_stream(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """h1's mlx5_0 fails: the stream moves to mlx5_1 on both hosts. Then rail 1's port towards h0 loses
+    packets: h0's shiftd judges its mlx5_1 lossy (the sender's retransmissions) and, its mlx5_0 being UP
+    and clean, tells its agents to leave it; but the QP there has nowhere to go (its default path's other
+    end, h1's mlx5_0, is down). It stays on the lossy path, which still carries the stream (it gave up
+    there before: "the backup path failed", a torch job's end under CI load). Both NICs well again, the
+    stream comes home."""
+    monkeypatch.setenv("SHIFT_DETECT_TIMEOUT", "18")  # the transport's deadline is not what ends it
+    patient = ("--timeout", "18")
+    with Stream(lab, "send", sender_args=patient, receiver_args=patient) as stream:
+        fail_nic(lab, ["h1"], "mlx5_0")
+        assert stream.sender.read("state", timeout=10)["state"] == "fallback"
+        with lossy_port(lab, 1, "h0", LOSS):
+            deadline = time.monotonic() + 20
+            while "h0" not in (reasons := degraded_nics(lab, "mlx5_1")):
+                assert time.monotonic() < deadline, "h0's mlx5_1 was never judged lossy"
+                time.sleep(0.2)
+            assert reasons["h0"] == "retransmits", reasons
+            time.sleep(2.0)  # the agents have heard it; the stream runs on (a QP that gave up says "error")
+        recover_nic(lab, ["h1"], ["mlx5_0"])
+        assert stream.sender.read("state", timeout=20)["state"] == "default"
+        sent, received = stream.finish()
+    assert_intact(sent, received)
 
 
 SLOW = 20_000_000  # bits a second, on rail 0's switch port towards h1
