@@ -118,10 +118,10 @@ class NicHealth:
             return None
         return self._evaluate(now)
 
-    def update_throughput(self, acked: int, limited: int, now: float) -> Transition | None:
-        """The bytes the NIC's TCP connections had acknowledged since the last poll, and of those the ones
-        the network held back."""
-        if not self.slow.add(now, acked, limited):
+    def update_throughput(self, acked: int, limited: int, busy: float, now: float) -> Transition | None:
+        """The bytes the NIC's TCP connections had acknowledged since the last poll, of those the ones the
+        network held back, and how long those were in flight (0: not known)."""
+        if not self.slow.add(now, acked, limited, busy):
             return None
         return self._evaluate(now)
 

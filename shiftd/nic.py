@@ -80,6 +80,7 @@ class Traffic(NamedTuple):
     retransmitted: int
     acked: int  # bytes the peers acknowledged
     limited: int  # of those, the bytes of sockets the network held back (not application-limited)
+    busy: float = 0.0  # seconds the longest busy of those sockets had data in flight (0: not known)
 
 
 def gid_replaced(last: str, gid: str) -> str:

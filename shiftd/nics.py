@@ -122,8 +122,9 @@ class NicTable:
                 continue
             shares = [by_source.get(address, NO_TRAFFIC) for address in addresses]
             total = Traffic(*(sum(column) for column in zip(*shares, strict=True)))
+            busy = max(share.busy for share in shares)  # the NIC's held traffic ran at once, not in turn
             self._apply(record, record.health.update_traffic(total.segments, total.retransmitted, now))
-            self._apply(record, record.health.update_throughput(total.acked, total.limited, now))
+            self._apply(record, record.health.update_throughput(total.acked, total.limited, busy, now))
 
     def port_sent(self, device: str, port: int, packets: int, retransmitted: int) -> None:
         """An RDMA port's packets sent, and retransmissions, since the last poll (rdma_sysfs)."""

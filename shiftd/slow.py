@@ -10,7 +10,10 @@ best rate, the rate of a window of `window_seconds` taken while the NIC was judg
 - slow once a window holds at least `min_polls` polls whose traffic the network held back, and that traffic
   ran at less than `enter_fraction` of the best. Only such polls count: an application that computes, waits
   or sends little is not a slow link. A loaded healthy link runs its held-back traffic at its capacity, and
-  congestion elsewhere costs a share of it, far above the fraction;
+  congestion elsewhere costs a share of it, far above the fraction. The rate is over the time that traffic
+  was in flight (the kernel's tcpi_busy_time, where it says; else the poll's): a burst of a few
+  milliseconds held back by the network (a training step's gradients) and then quiet is a fast link, not
+  its bytes spread over the whole poll;
 - healthy again once `hold_seconds` have passed since the last window below `exit_fraction`, with the
   damper's back-off (verdict.py: the hysteresis both judges share).
 
@@ -38,23 +41,25 @@ class SlowJudge(Judge):
         self.rate: float | None = None  # the last window's held-back rate; None without enough polls
         self._best_at: float | None = None
         self._last: float | None = None  # the last poll's time
-        self._polls: deque[tuple[float, float, int, int]] = deque()  # (now, seconds, acked, held back)
+        # (now, seconds, of them the seconds the held-back bytes were in flight, acked, held back)
+        self._polls: deque[tuple[float, float, float, int, int]] = deque()
 
-    def add(self, now: float, acked: int, limited: int) -> bool:
-        """One poll's bytes acknowledged, and of those the held-back ones; whether the verdict changed."""
+    def add(self, now: float, acked: int, limited: int, busy: float = 0.0) -> bool:
+        """One poll's bytes acknowledged, of those the held-back ones, and the seconds those were in flight
+        (0: not known, the poll's own are taken); whether the verdict changed."""
         seconds = 0.0 if self._last is None else now - self._last
         self._last = now
-        self._polls.append((now, seconds, acked, limited))
+        self._polls.append((now, seconds, min(busy, seconds) if busy > 0 else seconds, acked, limited))
         window = self.config.window_seconds
         while self._polls[0][0] <= now - window:
             self._polls.popleft()
-        held = [(s, b) for _, s, a, b in self._polls if s > 0 and 2 * b >= a > 0]
+        held = [(f, b) for _, s, f, a, b in self._polls if s > 0 and f > 0 and 2 * b >= a > 0]
         held_seconds = sum(s for s, _ in held)
         enough = len(held) >= self.config.min_polls and self.best >= self.config.min_best_bytes_per_second
         self.rate = sum(b for _, b in held) / held_seconds if enough else None
-        seconds_seen = sum(s for _, s, _, _ in self._polls)
+        seconds_seen = sum(s for _, s, _, _, _ in self._polls)
         if not self.degraded and seconds_seen >= 0.9 * window:  # a whole window: what the NIC carried
-            self._learn(now, sum(a for _, _, a, _ in self._polls) / seconds_seen)
+            self._learn(now, sum(a for _, _, _, a, _ in self._polls) / seconds_seen)
         if self.rate is None:
             return self.verdict.judge(now, False, False, False)
         config = self.config

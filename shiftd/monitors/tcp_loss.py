@@ -6,9 +6,11 @@ takes from each its data segments sent (tcpi_data_segs_out, retransmissions incl
 retransmissions (tcpi_total_retrans) and the bytes its peer acknowledged (tcpi_bytes_acked), and adds what
 each socket did since the last poll to the NIC whose address it is bound to. The bytes acknowledged count
 twice: all of them, and those of sockets the network held back: not the application (the kernel's
-tcpi_delivery_rate_app_limited clear: the socket had more to send than the path took), and not the
-receiver (the window the peer advertises, tcpi_snd_wnd, is not nearly closed: a peer slow to read is no
-slow link; a deep queue on the way keeps it open). The tcp provider's connections are such sockets, and so
+tcpi_delivery_rate_app_limited clear, and at the poll a backlog: bytes not yet sent, tcpi_notsent_bytes,
+or a full congestion window, tcpi_unacked at tcpi_snd_cwnd; small messages, each sent whole, have
+neither, though their last rate sample may not say so), and not the receiver (the window the peer
+advertises, tcpi_snd_wnd, is not nearly closed: a peer slow to read is no slow link; a deep queue on the
+way keeps it open). The tcp provider's connections are such sockets, and so
 is any other TCP traffic over the NIC: all of it is evidence of the link. The health machines' judges
 decide what it means: the loss judge (shiftd/loss.py) and the speed judge (shiftd/slow.py).
 
@@ -50,10 +52,14 @@ DIAG_REQUEST = struct.Struct("=BBBxI48x")
 # destination, interface, cookie; then expires, queues, uid, inode
 DIAG_MSG = struct.Struct("=B3x4x4s12x16x4xQ20x")
 # tcp_info up to tcpi_data_segs_out (Linux 4.6): the flags byte with tcpi_delivery_rate_app_limited (its
-# bit 0) at 7, tcpi_total_retrans at 100, tcpi_bytes_acked at 120, tcpi_data_segs_out at 156
-TCP_INFO = struct.Struct("=7xB92xI16xQ28xI")
+# bit 0) at 7, tcpi_unacked at 24, tcpi_snd_cwnd at 80, tcpi_total_retrans at 100, tcpi_bytes_acked at 120,
+# tcpi_notsent_bytes at 144, tcpi_data_segs_out at 156
+TCP_INFO = struct.Struct("=7xB16xI52xI16xI16xQ16xI8xI")
 APP_LIMITED = 0x1
-# and beyond it (Linux 5.4), read when there: tcpi_snd_wnd at 228, the window the peer advertises
+# and beyond it, read when there: tcpi_busy_time at 168 and tcpi_rwnd_limited at 176 (Linux 4.10), the
+# microseconds the socket had data in flight and of those the ones the peer's window held it (its reader was
+# slow: not the network's time), and tcpi_snd_wnd at 228 (Linux 5.4), the window the peer advertises
+BUSY_TIME = struct.Struct("=168xQQ")
 PEER_WINDOW = struct.Struct("=228xI")
 WINDOW_CLOSED = 64 << 10  # a peer advertising less is reading slower than it is sent to
 INFO_ATTR = frozenset((INET_DIAG_INFO,))
@@ -70,6 +76,8 @@ class SocketCounts(NamedTuple):
     acked: int
     app_limited: bool
     peer_window: int | None = None  # the window its peer advertises (None: a kernel before 5.4)
+    busy_us: int | None = None  # microseconds the network had its data in flight (None: before Linux 4.10)
+    backlogged: bool = True  # at the dump, bytes not yet sent or a full congestion window
 
 
 class DiagError(OSError):
@@ -106,11 +114,18 @@ def decode(data: bytes | bytearray) -> Iterator[SocketCounts | None]:
         info = attributes(data, body + DIAG_MSG.size, end, INFO_ATTR).get(INET_DIAG_INFO)
         if family != socket.AF_INET or info is None or len(info) < TCP_INFO.size:
             continue
-        flags, retransmitted, acked, segments = TCP_INFO.unpack_from(info)
+        flags, unacked, cwnd, retransmitted, acked, notsent, segments = TCP_INFO.unpack_from(info)
         window = PEER_WINDOW.unpack_from(info)[0] if len(info) >= PEER_WINDOW.size else None
+        busy = None
+        if len(info) >= BUSY_TIME.size:
+            in_flight, reader_held = BUSY_TIME.unpack_from(info)
+            busy = max(in_flight - reader_held, 0)
         source_address = socket.inet_ntop(socket.AF_INET, source)
         app_limited = bool(flags & APP_LIMITED)
-        yield SocketCounts(cookie, source_address, segments, retransmitted, acked, app_limited, window)
+        backlogged = notsent > 0 or unacked >= cwnd > 0
+        yield SocketCounts(
+            cookie, source_address, segments, retransmitted, acked, app_limited, window, busy, backlogged
+        )
 
 
 def _strerror(error: int) -> str:
@@ -127,22 +142,25 @@ def sent_since(last: dict[int, SocketCounts], now: dict[int, SocketCounts]) -> d
             done_before = _counters(before)
             if all(b <= n for b, n in zip(done_before, done, strict=True)):
                 done = tuple(n - b for b, n in zip(done_before, done, strict=True))
-        segments, retransmitted, acked = done
+        segments, retransmitted, acked, busy_us = done
         reader_slow = counts.peer_window is not None and counts.peer_window < WINDOW_CLOSED
-        held = not counts.app_limited and not reader_slow
+        in_flight = counts.busy_us is None or busy_us > 0  # 0: what it sent waited for its reader only
+        held = not counts.app_limited and counts.backlogged and not reader_slow and acked > 0 and in_flight
         total = sent.get(counts.source, Traffic(0, 0, 0, 0))
         sent[counts.source] = Traffic(
             total.segments + segments,
             total.retransmitted + retransmitted,
             total.acked + acked,
             total.limited + (acked if held else 0),
+            max(total.busy, busy_us / 1e6 if held else 0.0),
         )
     return sent
 
 
 def _counters(counts: SocketCounts) -> tuple[int, ...]:
-    """What grows in a socket's counts: segments sent, retransmitted, bytes acknowledged."""
-    return (counts.segments, counts.retransmitted, counts.acked)
+    """What grows in a socket's counts: segments sent, retransmitted, bytes acknowledged, microseconds busy
+    (0 where the kernel does not say)."""
+    return (counts.segments, counts.retransmitted, counts.acked, counts.busy_us or 0)
 
 
 class TcpLossMonitor:

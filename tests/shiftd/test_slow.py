@@ -23,14 +23,16 @@ class Clock:
     def __init__(self) -> None:
         self.now = 0.0
 
-    def feed(self, judge: SlowJudge, seconds: float, rate: float, held: bool = True) -> list[float]:
-        """Polls for `seconds` of traffic at `rate` bytes a second (held back by the network, or not);
-        when the verdict changed."""
+    def feed(
+        self, judge: SlowJudge, seconds: float, rate: float, held: bool = True, busy: float = 0.0
+    ) -> list[float]:
+        """Polls for `seconds` of traffic at `rate` bytes a second (held back by the network, or not; in
+        flight `busy` seconds of each poll, 0: not known); when the verdict changed."""
         changes = []
         for _ in range(round(seconds / POLL)):
             self.now += POLL
             acked = int(rate * POLL)
-            if judge.add(self.now, acked, acked if held else 0):
+            if judge.add(self.now, acked, acked if held else 0, busy):
                 changes.append(self.now)
         return changes
 
@@ -64,6 +66,19 @@ def test_an_application_that_sends_little_or_a_loaded_healthy_link_is_not_slow()
     assert clock.feed(judge, 5.0, GB / 4) == []  # four flows share the link: a quarter each
     assert clock.feed(judge, 5.0, GB / 5) == []
     assert not judge.degraded and judge.rate is not None
+
+
+def test_bursts_of_a_fast_link_are_not_slow_for_the_quiet_between_them() -> None:
+    """A training step's gradients: a few milliseconds at the link's speed, held back by the network (it
+    had more to send than the path took), then quiet until the next step. Over the whole poll that is a
+    fortieth of the best; over the time it was in flight (tcpi_busy_time), the best."""
+    judge, clock = judged_healthy()
+    assert clock.feed(judge, 5.0, GB / 40, busy=POLL / 40) == []
+    assert judge.rate == pytest.approx(GB, rel=1e-3) and not judge.degraded
+    judge, clock = judged_healthy()
+    assert len(clock.feed(judge, 5.0, GB / 40)) == 1  # the kernel not saying how long: the poll's time
+    assert judge.degraded
+    assert clock.feed(judge, 0.4, GB / 100, busy=POLL) == []  # a slow link is in flight all the time
 
 
 def test_a_nic_that_never_ran_fast_has_no_verdict() -> None:
