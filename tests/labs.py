@@ -15,8 +15,20 @@ def running_lab(prefix: str, hosts: int, nics: int) -> Iterator[Lab]:
     lab.up()
     try:
         yield lab
+    except BaseException:
+        show_shiftd_logs(lab)
+        raise
     finally:
         lab.down()
+
+
+def show_shiftd_logs(lab: Lab, lines: int = 60) -> None:
+    """The last lines of each host's shiftd log, for pytest to show with a failure that went through the
+    lab's block (a module fixture's setup): the lab and its logs are gone after it."""
+    for host in lab.host_names:
+        path = lab.log_path(host)
+        tail = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else ["(no log)"]
+        print(f"--- {host}'s shiftd.log, last {lines} lines:", *tail, sep="\n")
 
 
 @contextmanager

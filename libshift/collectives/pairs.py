@@ -160,6 +160,9 @@ class Pairs:
             why = f"rank {self.rank}: {transfer.what(kind)} with rank {transfer.peer}: {exc}"
             transfer.done(CollectiveError(why))
             return
+        if self._lost(peer, transfer.peer):
+            transfer.done(peer.lost)
+            return
         if kind == "send":
             transfer.number, peer.sends_made = peer.sends_made, peer.sends_made + 1
             peer.sends.append(transfer)
@@ -352,7 +355,7 @@ class Pairs:
     def _look_at_alarm(self) -> None:
         """Between waits, as the ring does: when a rank found a host with no path left, every transfer
         still waiting fails with its word (a peer that left with its host may never answer)."""
-        if not any(p.sends or p.recvs or p.last_chunks or p.direct for p in self.peers.values()):
+        if all(peer.idle for peer in self.peers.values()):
             return
         try:
             self.alarm.check()
@@ -360,9 +363,22 @@ class Pairs:
             for peer in self.peers.values():
                 self._fail_all(peer, exc)
 
+    def _lost(self, peer: Peer, q: int) -> bool:
+        """Whether the peer's QP lost every path while no transfer with it was under way (two ranks of one
+        host whose NICs are each other's backup, one of them failed): then every transfer made with the
+        peer from then on fails (peer.lost), and the job's collectives, on the ring's own QPs, go on."""
+        if peer.lost is None and peer.qp.lost_paths is not None and peer.idle:
+            why = f"the link to rank {q} is gone: {peer.qp.lost_paths}"
+            peer.lost = CollectiveError(f"rank {self.rank}: {why}")
+            log.info("rank %d: point to point with rank %d fails from now on: %s", self.rank, q, why)
+        return peer.lost is not None
+
     def _fail(self, q: int, wc: WC) -> None:
-        """A work request with the peer failed: so do all transfers with it (its QP's state is unknown)."""
+        """A work request with the peer failed: so do all transfers with it (its QP's state is unknown);
+        unless the QP lost its paths while idle (_lost), the receives it keeps posted flushing."""
         peer = self.peers[q]
+        if self._lost(peer, q):
+            return
         if peer.qp.lost_paths is not None:  # every rank hears of it, as from the ring
             why = f"the link to rank {q} is gone: {peer.qp.lost_paths}"
             error: CollectiveError = self.alarm.raise_for(why)

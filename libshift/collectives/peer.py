@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from libshift.collectives.buffers import Region
+from libshift.collectives.errors import CollectiveError
 from libshift.shift import ShiftMR, ShiftQP
 from libshift.verbs import enums as e
 
@@ -84,6 +85,12 @@ class Peer:
     direct: dict[int, Transfer] = field(default_factory=dict)  # sends written direct, by number, until acked
     registered: int = 0  # arrays registered for direct messages with the peer (direct.py) ...
     reused: int = 0  # ... and messages whose array was registered already
+    lost: CollectiveError | None = None  # the QP lost every path while idle: every later transfer's error
+
+    @property
+    def idle(self) -> bool:
+        """Whether no transfer with the peer is under way."""
+        return not (self.sends or self.recvs or self.last_chunks or self.direct)
 
     @property
     def recvs_ended(self) -> int:

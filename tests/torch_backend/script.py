@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import sys
 import time
@@ -323,6 +324,11 @@ def main() -> None:
     parser.add_argument("--resume-file", type=Path, help="the pause ends when this file exists")
     parser.add_argument("--gloo-reference", action="store_true", help="train once more over a gloo group")
     args = parser.parse_args()
+    # libshift's moves and warnings on stderr, which a failed test shows: what each rank saw of a failure
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s rank {os.environ['RANK']} %(name)s: %(message)s"
+    )
+    logging.getLogger("torch").setLevel(logging.WARNING)
     dist.init_process_group(backend="shift")
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.distributed_c10d._get_default_group()

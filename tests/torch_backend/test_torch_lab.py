@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 from labs import running_lab
-from torchrun_harness import SCRIPT, TORCHRUN, TorchRun, by_rank
+from torchrun_harness import SCRIPT, TORCHRUN, TorchRun, by_rank, finish_all
 
 from shiftlab.lab import Lab
 
@@ -94,7 +94,7 @@ def job(tmp_path_factory) -> Iterator[Job]:
             runs[0].wait_for("paused", JOB_TIMEOUT)  # rank 0 stopped; the others wait in the next all-reduce
             shiftctl(lab, host, "fail-nic", "mlx5_0")
             resume.touch()
-            lines = [line for run in runs for line in run.finish(JOB_TIMEOUT)]
+            lines = finish_all(runs, JOB_TIMEOUT)
             yield Job(lines, wait_for(lambda: failovers(lab, host) > before))
         finally:
             for run in runs:

@@ -54,7 +54,7 @@ class TorchRun:
             self._stderr.append(line)
 
     def stderr(self) -> str:
-        return "".join(self._stderr)[-6000:]
+        return "".join(self._stderr)[-12000:]
 
     def wait_for(self, key: str, timeout: float) -> dict:
         """The next line that has `key` (earlier lines without it are kept in `lines` only)."""
@@ -94,6 +94,22 @@ class TorchRun:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def finish_all(runs: Sequence[TorchRun], timeout: float) -> list[dict]:
+    """Every run's JSON lines once all have exited 0; else one AssertionError with what each failed run
+    said, and the stderr of the others too (a rank that ends another's job logs on its own node)."""
+    lines, failures = [], []
+    for run in runs:
+        try:
+            lines.extend(run.finish(timeout))
+        except AssertionError as failure:
+            failures.append(str(failure))
+    if failures:
+        failed = {failure.split(":", 1)[0] for failure in failures}
+        others = [f"{run.name} (exit 0); stderr:\n{run.stderr()}" for run in runs if run.name not in failed]
+        raise AssertionError("\n\n".join([*failures, *others]))
+    return lines
 
 
 def by_rank(lines: Sequence[dict], key: str) -> dict[int, object]:
