@@ -57,6 +57,9 @@ MASK32 = 0xFFFFFFFF
 STAGED = 1 << 31  # in a chunk's immediate: it is in a staging slot (else placed directly)
 CHUNK_MASK = STAGED - 1  # in a chunk's immediate: its number
 SIGNALED = e.IBV_SEND_SIGNALED
+INLINE_FLAG = e.IBV_SEND_INLINE
+INLINE = 256  # a chunk this small goes inline: copied into the work request, so the call need not wait for
+# its acknowledgement before the caller has its memory back (errors surface at the next call, as gloo's do)
 
 
 class Ring:
@@ -71,7 +74,7 @@ class Ring:
         self.pd = ShiftPD(self.ctx)
         self.channel = ShiftCompChannel(self.ctx)
         self.cq = ShiftCQ(self.ctx, 4 * (SLOTS + ROOM), channel=self.channel)
-        cap = QPCap(max_send_wr=SLOTS + ROOM, max_recv_wr=SLOTS + ROOM)
+        cap = QPCap(max_send_wr=SLOTS + ROOM, max_recv_wr=SLOTS + ROOM, max_inline_data=INLINE)
         self.right = ShiftQP(self.pd, QPInitAttr(scq=self.cq, rcq=self.cq, cap=cap))
         self.left = ShiftQP(self.pd, QPInitAttr(scq=self.cq, rcq=self.cq, cap=cap))
         self.staging = ShiftMR(self.pd, SLOTS * CHUNK, ACCESS)
@@ -145,7 +148,7 @@ class Ring:
     def run(self, plan: Plan, region: Region, dtype: np.dtype, op: ops.ReduceOp) -> None:
         """Send and apply every chunk of `plan` (offsets into `region`), each send as soon as its chunk is
         ready and the receiver has room; return when every chunk is applied and every write acknowledged (so
-        the region's bytes are the caller's again)."""
+        the region's bytes are the caller's again), or only posted when every one went inline."""
         sends, recvs = plan.sends, plan.recvs
         run = self.runs
         self.runs += 1
@@ -154,8 +157,14 @@ class Ring:
         target: tuple[int, int, int] | None = None  # the right neighbour's memory for COPY chunks
         first_send, first_recv = self.sent, self.consumed
         posted = applied = 0
+        acked = any(send.nbytes > INLINE for send in sends)  # whether to wait for the acknowledgements
         deadline = time.monotonic() + self.timeout
-        while applied < len(recvs) or self.completed - first_send < len(sends) or self.owed:
+        while (
+            applied < len(recvs)
+            or posted < len(sends)
+            or self.owed
+            or (acked and self.completed - first_send < len(sends))
+        ):
             moved = False
             while posted < len(sends) and sends[posted].after < applied and self.sent - self.credits < SLOTS:
                 send = sends[posted]
@@ -234,7 +243,7 @@ class Ring:
             imm_data=self.sent & CHUNK_MASK | (STAGED if staged else 0),
             remote_addr=remote_addr,
             rkey=rkey,
-            send_flags=SIGNALED if last else 0,
+            send_flags=(SIGNALED if last else 0) | (INLINE_FLAG if send.nbytes <= INLINE else 0),
         )
         self.right.post_send(wr)
         self.sent += 1
