@@ -5,6 +5,7 @@ own). Any crash, hang, sanitizer report, stray write or broken invariant fails t
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,7 +13,9 @@ from pathlib import Path
 import pytest
 from native_build import CORE, SANITIZE, build, sanitizer_reports
 
-FUZZ_SECONDS = 30
+# each target's time in the suite (from its seed corpus, so a regression of a known input is found at once);
+# a longer campaign: SHIFT_FUZZ_SECONDS=3600
+FUZZ_SECONDS = int(os.environ.get("SHIFT_FUZZ_SECONDS", "15"))
 
 pytestmark = pytest.mark.slow
 
