@@ -36,12 +36,14 @@ test-unit: $(STAMP)
 # (test_lab_rxe.py: `shift-lab up --provider rxe` makes its own). Under TCG every test runs about
 # ten times slower: 600 s a test, and the bulk transfer is 128 MiB, not the host's 1 GiB (160-210 s there).
 # make test runs all of it beside the host's suite (docs/hardware.md has the times).
+VERBS_TEST_BINARY := $(abspath build/rxe/test_verbs)
 RXE_ENV := -e SHIFT_TEST_PROVIDER=verbs -e SHIFT_TEST_VERBS_DEVICES=rxe0,rxe1 -e SHIFT_TEST_VERBS_BREAK_LINK=1 \
-	-e SHIFT_TEST_BULK_MIB=128
+	-e SHIFT_TEST_BULK_MIB=128 -e SHIFT_TEST_VERBS_BINARY=$(VERBS_TEST_BINARY)
 RXE_TESTS ?= tests/core/test_verbs_c.py tests/core/test_verbs_face.py tests/providers/test_verbs_provider.py \
 	tests/conformance tests/failover/test_rxe.py
 RXE_LAB_TESTS ?= tests/shiftlab/test_lab_rxe.py
 test-rxe: setup
+	$(PY) tests/core/native_build.py $(VERBS_TEST_BINARY)
 	$(PY) -m shiftlab.rxe run --timeout 2400 $(RXE_ENV) -- \
 		$(abspath $(PY)) -m pytest -q -p no:cacheprovider --timeout 600 $(RXE_TESTS)
 	$(if $(RXE_LAB_TESTS),$(PY) -m shiftlab.rxe run --timeout 1800 --no-setup -- \

@@ -1,9 +1,14 @@
-"""Builds of the C core outside the package build: the sanitizer build of its unit tests, the fuzz target."""
+"""Builds of the C core outside the package build: the sanitizer build of its unit tests, the fuzz target.
+
+`python tests/core/native_build.py OUT` builds the verbs backend's test binary (test_verbs.c) into OUT: make
+test-rxe builds it on the host before the Soft-RoCE VM boots, which sees the host's files (the same
+compiler and libraries) and would take minutes for it under TCG."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -58,3 +63,13 @@ def build(
 
 def sanitizer_reports(text: str) -> list[str]:
     return [line for line in text.splitlines() if any(report in line for report in REPORTS)]
+
+
+def verbs_test(out: Path) -> Path:
+    """The verbs backend's C unit tests (test_verbs.c) with both backends, under ASan and UBSan."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return build("gcc", CORE / "tests" / "test_verbs.c", out, SANITIZE, core_sources() + verbs_sources())
+
+
+if __name__ == "__main__":
+    print(verbs_test(Path(sys.argv[1]).resolve()))
