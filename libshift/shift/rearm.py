@@ -6,7 +6,8 @@ is the one the other's armed QP takes; when both ask at once, the requests cross
 the other's request, once, as well). One request at a time: a message overwrites the one before it in
 the peer's control MR, so each ARMED asks for the next. ARMED(default) is followed by a probe of the default
 path, whose completion starts the failback (switch.py). After a failure shiftd did not see (no NIC UP will
-come), the default path is tried again now and then, backing off.
+come), the default path is tried again now and then, backing off; the back-off goes on across a failback
+whose path fails again soon after (a lossy link lets the probe through, then loses a message).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("libshift.shift")
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # how often to try the default path again when no NIC UP will come
+# a default path that carried the traffic this long after a failback is mended: the back-off starts over
+MENDED_AFTER = RETRY_MAX
 
 
 class Rearm:
@@ -37,6 +40,7 @@ class Rearm:
         self._seen: dict[str, Message | None] = dict.fromkeys(qp.ctx.devices)
         self._retry_at: float | None = None  # when to try the default path again (see retry_default)
         self._retry_wait = RETRY_FIRST
+        self._home_at: float | None = None  # when the last failback resumed
 
     def request(self, path: str) -> None:
         """Ask the peer to re-arm `path`; we arm ours when it answers ARMED."""
@@ -62,11 +66,14 @@ class Rearm:
     def resumed(self, failback: bool, reason: str) -> None:
         """A switch has resumed: what to re-arm next, and whether to keep trying the default path."""
         qp = self.qp
+        now = time.monotonic()
         if failback:
-            self._retry_at, self._retry_wait = None, RETRY_FIRST
+            self._retry_at, self._home_at = None, now
         elif reason == "nic_event" and qp.ctx.device_up(PRIMARY):
             self.request(PRIMARY)  # the NIC came back while we were switching (away from it)
         elif reason == "error_completion":  # shiftd will not say when a silent failure ends: ask the path
+            if self._home_at is None or now - self._home_at >= MENDED_AFTER:
+                self._retry_wait = RETRY_FIRST
             self.retry_later()
         self.next()  # backups left behind whose NIC UP came while another request was out
 
