@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from shiftd.config import DampingConfig, LossConfig, SlowConfig
 from shiftd.damping import FlapDamper
 from shiftd.loss import REASON as LOSS_REASON
-from shiftd.loss import LossJudge
+from shiftd.loss import LossJudge, PeerCounts
 from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PortStatus
 from shiftd.slow import REASON as SLOW_REASON
 from shiftd.slow import SlowJudge
@@ -112,9 +112,12 @@ class NicHealth:
         self.fault = fault
         return self._evaluate(now)
 
-    def update_traffic(self, segments: int, retransmitted: int, now: float) -> Transition | None:
-        """What the NIC's TCP connections sent since the last poll, and how much of it was sent again."""
-        if not self.loss.add(now, segments, retransmitted):
+    def update_traffic(
+        self, segments: int, retransmitted: int, now: float, by_peer: PeerCounts = ()
+    ) -> Transition | None:
+        """What the NIC's connections sent since the last poll, and how much of it was sent again; the same
+        by peer address, where known (TCP)."""
+        if not self.loss.add(now, segments, retransmitted, by_peer):
             return None
         return self._evaluate(now)
 

@@ -11,6 +11,12 @@ connections sent and how many of them were retransmissions; this judge turns tho
 - healthy again once `hold_seconds` have passed since the last window at or above `exit_percent`, with
   the damper's back-off (verdict.py: the hysteresis both judges share).
 
+Whose loss it is: a NIC, cable or port that loses packets loses them towards every peer; a peer's bad link
+loses only what goes to that peer. So the NIC's figure is that of its cleanest peer with `min_segments` or
+more in the window (the monitor counts by peer address): a peer reached cleanly proves the NIC sound, and
+the loss towards another is that peer's, which its own shiftd sees towards everyone. With one peer, or
+none measured, nothing tells the two apart and the NIC's own traffic is judged.
+
 Pure like the health machine that owns it: every call carries `now`.
 """
 
@@ -22,6 +28,7 @@ from shiftd.config import DampingConfig, LossConfig
 from shiftd.verdict import Judge
 
 REASON = "retransmits"
+PeerCounts = tuple[tuple[str, int, int], ...]  # (peer address, segments, retransmitted) of one poll
 
 
 class LossJudge(Judge):
@@ -29,18 +36,47 @@ class LossJudge(Judge):
         super().__init__(config.hold_seconds, damping)
         self.config = config
         self.loss_percent: float | None = None  # the last full window's figure; None without enough segments
-        self._samples: deque[tuple[float, int, int]] = deque()  # (now, segments, retransmitted)
+        self.lossy_peers: tuple[str, ...] = ()  # the peers whose loss was left out of it (not this NIC's)
+        # (now, segments, retransmitted, the same by peer)
+        self._samples: deque[tuple[float, int, int, PeerCounts]] = deque()
 
-    def add(self, now: float, segments: int, retransmitted: int) -> bool:
-        """One poll's counts (what was sent since the last poll); whether the verdict changed."""
-        self._samples.append((now, segments, retransmitted))
+    def add(self, now: float, segments: int, retransmitted: int, by_peer: PeerCounts = ()) -> bool:
+        """One poll's counts (what was sent since the last poll), and the same by peer where known; whether
+        the verdict changed."""
+        self._samples.append((now, segments, retransmitted, by_peer))
         while self._samples[0][0] <= now - self.config.window_seconds:
             self._samples.popleft()
-        sent = sum(s for _, s, _ in self._samples)
-        lost = sum(r for _, _, r in self._samples)
-        self.loss_percent = loss = 100.0 * lost / sent if sent >= self.config.min_segments else None
+        sent = sum(s for _, s, _, _ in self._samples)
+        lost = sum(r for _, _, r, _ in self._samples)
+        loss = 100.0 * lost / sent if sent >= self.config.min_segments else None
+        loss, self.lossy_peers = self._cleanest_peer(loss)
+        self.loss_percent = loss
         if loss is None:
             return self.verdict.judge(now, False, False, False)
         return self.verdict.judge(
             now, True, loss >= self.config.enter_percent, loss >= self.config.exit_percent
         )
+
+    def _cleanest_peer(self, loss: float | None) -> tuple[float | None, tuple[str, ...]]:
+        """The window's figure for this NIC: that of its cleanest peer with `min_segments` (a clean one
+        proves the NIC sound, whatever the others lose), or with none such `loss`, its whole traffic's; None
+        (no figure yet) while clean-looking peers not measured yet could still prove it sound. And the peers
+        left out: those losing at the threshold or more beside a cleaner figure."""
+        peers: dict[str, list[int]] = {}
+        for _, _, _, by_peer in self._samples:
+            for peer, segments, retransmitted in by_peer:
+                counts = peers.setdefault(peer, [0, 0])
+                counts[0] += segments
+                counts[1] += retransmitted
+        enter, enough = self.config.enter_percent, self.config.min_segments
+        figures = {p: 100.0 * r / s for p, (s, r) in peers.items() if s}
+        measured = [figures[p] for p, (s, _) in peers.items() if s >= enough]
+        figure = min(measured) if measured else loss
+        # clean-looking peers with half the segments it takes will be measured within a window: wait for
+        # them; a trickle proves nothing either way
+        coming = sum(peers[p][0] for p, f in figures.items() if peers[p][0] < enough and f < enter)
+        if figure is not None and figure >= enter and coming >= enough / 2:
+            return None, ()
+        if figure is None or figure >= enter:
+            return figure, ()
+        return figure, tuple(sorted(p for p, f in figures.items() if f >= enter))

@@ -7,6 +7,7 @@ NicState. Values mirror shift.v1.NicState and shift.v1.FaultMode so conversion i
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -81,6 +82,26 @@ class Traffic(NamedTuple):
     acked: int  # bytes the peers acknowledged
     limited: int  # of those, the bytes of sockets the network held back (not application-limited)
     busy: float = 0.0  # seconds the longest busy of those sockets had data in flight (0: not known)
+    by_peer: tuple[tuple[str, int, int], ...] = ()  # (peer address, segments, retransmitted), by peer
+
+
+def combined(shares: Iterable[Traffic]) -> Traffic:
+    """The traffic of several source addresses (one NIC's): counts added, the busy time the longest (the
+    sockets ran at once, not in turn), each peer's segments added across them."""
+    shares = list(shares)
+    peers: dict[str, tuple[int, int]] = {}
+    for share in shares:
+        for peer, segments, retransmitted in share.by_peer:
+            before = peers.get(peer, (0, 0))
+            peers[peer] = (before[0] + segments, before[1] + retransmitted)
+    return Traffic(
+        sum(share.segments for share in shares),
+        sum(share.retransmitted for share in shares),
+        sum(share.acked for share in shares),
+        sum(share.limited for share in shares),
+        max((share.busy for share in shares), default=0.0),
+        tuple((peer, *counts) for peer, counts in sorted(peers.items())),
+    )
 
 
 def gid_replaced(last: str, gid: str) -> str:

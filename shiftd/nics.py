@@ -23,6 +23,7 @@ from shiftd.nic import (
     NicState,
     PortStatus,
     Traffic,
+    combined,
     gid_replaced,
 )
 
@@ -120,11 +121,11 @@ class NicTable:
             addresses = record.health.link.addresses if record.health.link else ()
             if not addresses:
                 continue
-            shares = [by_source.get(address, NO_TRAFFIC) for address in addresses]
-            total = Traffic(*(sum(column) for column in zip(*shares, strict=True)))
-            busy = max(share.busy for share in shares)  # the NIC's held traffic ran at once, not in turn
-            self._apply(record, record.health.update_traffic(total.segments, total.retransmitted, now))
-            self._apply(record, record.health.update_throughput(total.acked, total.limited, busy, now))
+            total = combined(by_source.get(address, NO_TRAFFIC) for address in addresses)
+            health = record.health
+            lost = health.update_traffic(total.segments, total.retransmitted, now, total.by_peer)
+            self._apply(record, lost)
+            self._apply(record, health.update_throughput(total.acked, total.limited, total.busy, now))
 
     def port_sent(self, device: str, port: int, packets: int, retransmitted: int) -> None:
         """An RDMA port's packets sent, and retransmissions, since the last poll (rdma_sysfs)."""

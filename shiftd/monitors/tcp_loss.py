@@ -4,7 +4,9 @@ A lossy or slow link shows nowhere in the link's state; it shows in the transpor
 dumps the namespace's established TCP sockets with their tcp_info (NETLINK_SOCK_DIAG, as `ss -ti` does),
 takes from each its data segments sent (tcpi_data_segs_out, retransmissions included), its
 retransmissions (tcpi_total_retrans) and the bytes its peer acknowledged (tcpi_bytes_acked), and adds what
-each socket did since the last poll to the NIC whose address it is bound to. The bytes acknowledged count
+each socket did since the last poll to the NIC whose address it is bound to; the segments and
+retransmissions also by the peer's address, so that a judge can tell a NIC that loses towards every peer
+from a peer whose own link loses. The bytes acknowledged count
 twice: all of them, and those of sockets the network held back: not the application (the kernel's
 tcpi_delivery_rate_app_limited clear, and at the poll a backlog: bytes not yet sent, tcpi_notsent_bytes,
 or a full congestion window, tcpi_unacked at tcpi_snd_cwnd; small messages, each sent whole, have
@@ -49,8 +51,8 @@ TCP_ESTABLISHED = 1
 # pad, the states wanted (a bit per state), and a socket id left zero: a dump of every socket
 DIAG_REQUEST = struct.Struct("=BBBxI48x")
 # inet_diag_msg: family, 3 bytes of state; id: ports, source address (16 bytes, IPv4 in the first 4),
-# destination, interface, cookie; then expires, queues, uid, inode
-DIAG_MSG = struct.Struct("=B3x4x4s12x16x4xQ20x")
+# destination (the same), interface, cookie; then expires, queues, uid, inode
+DIAG_MSG = struct.Struct("=B3x4x4s12x4s12x4xQ20x")
 # tcp_info up to tcpi_data_segs_out (Linux 4.6): the flags byte with tcpi_delivery_rate_app_limited (its
 # bit 0) at 7, tcpi_unacked at 24, tcpi_snd_cwnd at 80, tcpi_total_retrans at 100, tcpi_bytes_acked at 120,
 # tcpi_notsent_bytes at 144, tcpi_data_segs_out at 156
@@ -78,6 +80,7 @@ class SocketCounts(NamedTuple):
     peer_window: int | None = None  # the window its peer advertises (None: a kernel before 5.4)
     busy_us: int | None = None  # microseconds the network had its data in flight (None: before Linux 4.10)
     backlogged: bool = True  # at the dump, bytes not yet sent or a full congestion window
+    peer: str = ""  # the address it is connected to
 
 
 class DiagError(OSError):
@@ -110,7 +113,7 @@ def decode(data: bytes | bytearray) -> Iterator[SocketCounts | None]:
             raise DiagError(-error, f"sock_diag refused the dump of TCP sockets: {_strerror(-error)}")
         if kind != SOCK_DIAG_BY_FAMILY or end - body < DIAG_MSG.size:
             continue
-        family, source, cookie = DIAG_MSG.unpack_from(data, body)
+        family, source, destination, cookie = DIAG_MSG.unpack_from(data, body)
         info = attributes(data, body + DIAG_MSG.size, end, INFO_ATTR).get(INET_DIAG_INFO)
         if family != socket.AF_INET or info is None or len(info) < TCP_INFO.size:
             continue
@@ -120,12 +123,11 @@ def decode(data: bytes | bytearray) -> Iterator[SocketCounts | None]:
         if len(info) >= BUSY_TIME.size:
             in_flight, reader_held = BUSY_TIME.unpack_from(info)
             busy = max(in_flight - reader_held, 0)
-        source_address = socket.inet_ntop(socket.AF_INET, source)
+        source_address, peer = (socket.inet_ntop(socket.AF_INET, a) for a in (source, destination))
         app_limited = bool(flags & APP_LIMITED)
         backlogged = notsent > 0 or unacked >= cwnd > 0
-        yield SocketCounts(
-            cookie, source_address, segments, retransmitted, acked, app_limited, window, busy, backlogged
-        )
+        counts = (segments, retransmitted, acked, app_limited, window, busy, backlogged)
+        yield SocketCounts(cookie, source_address, *counts, peer)
 
 
 def _strerror(error: int) -> str:
@@ -135,6 +137,7 @@ def _strerror(error: int) -> str:
 def sent_since(last: dict[int, SocketCounts], now: dict[int, SocketCounts]) -> dict[str, Traffic]:
     """Per source address, what its sockets did between two dumps (a new socket: since it began)."""
     sent: dict[str, Traffic] = {}
+    peers: dict[str, dict[str, tuple[int, int]]] = {}  # source -> peer -> (segments, retransmitted)
     for cookie, counts in now.items():
         done = _counters(counts)
         before = last.get(cookie)
@@ -154,7 +157,14 @@ def sent_since(last: dict[int, SocketCounts], now: dict[int, SocketCounts]) -> d
             total.limited + (acked if held else 0),
             max(total.busy, busy_us / 1e6 if held else 0.0),
         )
-    return sent
+        if segments and counts.peer:
+            by_peer = peers.setdefault(counts.source, {})
+            before = by_peer.get(counts.peer, (0, 0))
+            by_peer[counts.peer] = (before[0] + segments, before[1] + retransmitted)
+    return {
+        source: traffic._replace(by_peer=tuple((p, *c) for p, c in sorted(peers.get(source, {}).items())))
+        for source, traffic in sent.items()
+    }
 
 
 def _counters(counts: SocketCounts) -> tuple[int, ...]:

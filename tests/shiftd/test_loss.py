@@ -100,6 +100,39 @@ def healthy(spec: NicSpec = TCP, link: LinkStatus = UP_LINK) -> NicHealth:
     return health
 
 
+def feed_peers(judge: LossJudge, seconds: float, *peers: tuple[str, int, int]) -> list[float]:
+    """As feed, from 0, with these counts by peer each poll (the NIC's own: their sums)."""
+    changes = []
+    for step in range(round(seconds / POLL)):
+        now = step * POLL
+        segments, retransmitted = sum(p[1] for p in peers), sum(p[2] for p in peers)
+        if judge.add(now, segments, retransmitted, peers):
+            changes.append(round(now, 6))
+    return changes
+
+
+def test_a_loss_towards_one_peer_beside_clean_ones_is_the_peers_not_this_nics() -> None:
+    """The whole NIC's traffic loses 5% (one peer's 10%), but another peer's is clean: the peer's link."""
+    judge = LossJudge(CONFIG, DAMPING)
+    assert feed_peers(judge, 2.0, ("h1", 100, 10), ("h2", 100, 0)) == []  # no verdict before h2's is known
+    assert judge.loss_percent == 0.0 and judge.lossy_peers == ("h1",)
+
+
+def test_a_loss_towards_every_measured_peer_is_this_nics() -> None:
+    judge = LossJudge(CONFIG, DAMPING)
+    assert feed_peers(judge, 1.0, ("h1", 100, 10), ("h2", 100, 5)) == [0.0]  # neither looks clean
+    assert judge.loss_percent == pytest.approx(5.0) and judge.lossy_peers == ()
+
+
+def test_with_one_peer_measured_nothing_tells_whose_loss_it_is_and_the_nic_is_judged() -> None:
+    """A peer with too few segments to judge proves nothing; one peer measured alone is the whole NIC."""
+    judge = LossJudge(CONFIG, DAMPING)
+    assert feed_peers(judge, 1.0, ("h1", 100, 10), ("h2", 10, 1)) == [0.1]
+    assert judge.loss_percent == pytest.approx(100 * 55 / 550)
+    trickle = LossJudge(CONFIG, DAMPING)  # a clean-looking trickle (50 segments a window) proves nothing
+    assert feed_peers(trickle, 1.0, ("h1", 100, 10), ("h2", 10, 0)) == [0.1]
+
+
 def test_health_says_degraded_for_lost_traffic_and_up_once_the_judge_clears() -> None:
     health = healthy()
     assert health.update_traffic(100, 0, 0.1) is None
@@ -153,6 +186,20 @@ def test_the_table_gives_each_nic_the_traffic_of_its_addresses() -> None:
     nics.traffic_sent({"198.18.0.1": lost(500, 50), "198.18.1.1": lost(500, 0), "10.0.0.1": lost(500, 500)})
     assert [(t.device, t.state, t.reason) for t in seen] == [("mlx5_0", NicState.DEGRADED, "retransmits")]
     assert nics.get("mlx5_1").health.loss.loss_percent == 0.0
+
+
+def test_the_table_adds_each_peers_counts_over_the_nics_addresses() -> None:
+    """A NIC with two addresses: each peer's segments from both are one figure (h1's 10% is h1's)."""
+    nics = table()
+    nics.link_changed(replace(UP_LINK, addresses=("198.18.0.1", "198.18.0.5")))
+    towards = {
+        "198.18.0.1": Traffic(300, 20, 0, 0, by_peer=(("h1", 100, 20), ("h2", 200, 0))),
+        "198.18.0.5": Traffic(200, 0, 0, 0, by_peer=(("h1", 100, 0), ("h2", 100, 0))),
+    }
+    nics.traffic_sent(towards)
+    judge = nics.get("mlx5_0").health.loss
+    assert judge.loss_percent == 0.0 and judge.lossy_peers == ("h1",)
+    assert nics.get("mlx5_0").health.state is NicState.UP
 
 
 def test_move_off_only_a_lossy_nic_with_a_healthy_one_beside_it() -> None:

@@ -52,11 +52,13 @@ def diag_socket(
     unacked: int = 10,
     cwnd: int = 10,
     notsent: int = 0,
+    peer: str = "198.18.0.2",
 ) -> bytes:
     """An inet_diag_msg with its tcp_info (Linux 6's is 248 bytes; the reader needs 160)."""
     head = bytearray(DIAG_MSG.size)
     head[0] = family
     head[8:12] = socket.inet_aton(source)
+    head[24:28] = socket.inet_aton(peer)
     struct.pack_into("=Q", head, 44, cookie)
     info = bytearray(248)
     info[6] = 0x77  # the window scales, beside the flags byte: not read as its flags
@@ -77,12 +79,12 @@ def diag_socket(
 def test_decode_reads_each_socket_and_the_end_of_the_dump() -> None:
     data = (
         diag_socket("198.18.0.1", 7, 3, 100, acked=1 << 40, peer_window=12345, busy_us=1 << 35)
-        + diag_socket("198.18.1.1", 8, 0, 50, acked=4096, app_limited=True)
+        + diag_socket("198.18.1.1", 8, 0, 50, acked=4096, app_limited=True, peer="198.18.1.3")
         + message(NLMSG_DONE, b"\0" * 4)
     )
     assert list(decode(data)) == [
-        SocketCounts(7, "198.18.0.1", 100, 3, 1 << 40, False, 12345, 1 << 35),
-        SocketCounts(8, "198.18.1.1", 50, 0, 4096, True, 1 << 20, 0),
+        SocketCounts(7, "198.18.0.1", 100, 3, 1 << 40, False, 12345, 1 << 35, True, "198.18.0.2"),
+        SocketCounts(8, "198.18.1.1", 50, 0, 4096, True, 1 << 20, 0, True, "198.18.1.3"),
         None,
     ]
 
@@ -96,7 +98,7 @@ def test_decode_skips_what_it_cannot_read_whole_and_never_reads_past_the_bytes()
     short_info = NLMSG.pack(len(short_info), SOCK_DIAG_BY_FAMILY, 0, 1, 0) + short_info[NLMSG.size :]
     lying = bytearray(whole)
     struct.pack_into("=H", lying, NLMSG.size + DIAG_MSG.size, 0xFFFF)  # an attribute longer than the message
-    expected = [SocketCounts(7, "198.18.0.1", 100, 3, 0, False, 1 << 20, 0)]
+    expected = [SocketCounts(7, "198.18.0.1", 100, 3, 0, False, 1 << 20, 0, True, "198.18.0.2")]
     assert list(decode(ipv6 + short_info + bytes(lying) + whole)) == expected
 
 
@@ -104,9 +106,13 @@ def test_a_tcp_info_without_the_peers_window_or_the_busy_time_is_read_without_th
     """Linux 4.10-5.3: tcp_info ends before tcpi_snd_wnd; Linux 4.6-4.9 before tcpi_busy_time too; the rest
     is read as ever."""
     kernel_4_10 = diag_socket("198.18.0.1", 7, 3, 100, acked=5000, info_bytes=192, busy_us=900)
-    assert list(decode(kernel_4_10)) == [SocketCounts(7, "198.18.0.1", 100, 3, 5000, False, None, 900)]
+    assert list(decode(kernel_4_10)) == [
+        SocketCounts(7, "198.18.0.1", 100, 3, 5000, False, None, 900, True, "198.18.0.2")
+    ]
     kernel_4_6 = diag_socket("198.18.0.1", 7, 3, 100, acked=5000, info_bytes=160)
-    assert list(decode(kernel_4_6)) == [SocketCounts(7, "198.18.0.1", 100, 3, 5000, False, None, None)]
+    assert list(decode(kernel_4_6)) == [
+        SocketCounts(7, "198.18.0.1", 100, 3, 5000, False, None, None, True, "198.18.0.2")
+    ]
 
 
 def test_a_socket_without_a_backlog_at_the_dump_is_not_held_back_by_the_network() -> None:
@@ -120,7 +126,7 @@ def test_a_socket_without_a_backlog_at_the_dump_is_not_held_back_by_the_network(
     assert [counts.backlogged for counts in decode(b"".join(sockets)) if counts] == [False, True, True]
     last = {n: SocketCounts(n, "a", 0, 0, 0, False, None, 0, held) for n, held in ((1, False), (2, True))}
     now = {n: SocketCounts(n, "a", 5, 0, 1000, False, None, 100, held) for n, held in ((1, False), (2, True))}
-    assert sent_since(last, now) == {"a": (10, 0, 2000, 1000, 1e-4)}
+    assert sent_since(last, now) == {"a": (10, 0, 2000, 1000, 1e-4, ())}
 
 
 def test_the_time_a_slow_reader_held_the_data_is_not_the_networks() -> None:
@@ -131,7 +137,7 @@ def test_the_time_a_slow_reader_held_the_data_is_not_the_networks() -> None:
     partly = diag_socket("198.18.0.1", 2, 0, 9, acked=1000, busy_us=700, reader_held_us=200, notsent=1)
     now = {counts.cookie: counts for counts in decode(reader_only + partly) if counts}
     assert [now[1].busy_us, now[2].busy_us] == [0, 500]
-    assert sent_since({}, now) == {"198.18.0.1": (18, 0, 2000, 1000, 5e-4)}
+    assert sent_since({}, now) == {"198.18.0.1": (18, 0, 2000, 1000, 5e-4, (("198.18.0.2", 18, 0),))}
 
 
 def test_an_error_answer_is_a_diag_error_naming_the_cause() -> None:
@@ -155,9 +161,24 @@ def test_sent_since_counts_each_socket_from_its_last_dump_or_from_zero_when_new(
     }  # socket 3 closed: what it sent since the last dump is not known, and not counted
     # the bytes the network held back: those of sockets limited neither by the application nor the reader,
     # in flight as long as the longest of them (they ran side by side)
-    assert sent_since(last, now) == {"a": (250, 12, 8400, 8100, 0.003), "b": (10, 0, 700, 0, 0.0)}
+    assert sent_since(last, now) == {"a": (250, 12, 8400, 8100, 0.003, ()), "b": (10, 0, 700, 0, 0.0, ())}
     restarted = {1: SocketCounts(1, "a", 5, 0, 10, False, None, 7)}  # below the last dump's: taken whole
-    assert sent_since(last, restarted) == {"a": (5, 0, 10, 10, 7e-6)}
+    assert sent_since(last, restarted) == {"a": (5, 0, 10, 10, 7e-6, ())}
+
+
+def test_sent_since_counts_each_source_by_peer_too() -> None:
+    """Two sockets of one source to one peer add up; another peer and another source apart; a quiet
+    socket names no peer."""
+    now = {
+        1: SocketCounts(1, "a", 100, 10, 0, False, peer="p"),
+        2: SocketCounts(2, "a", 50, 0, 0, False, peer="p"),
+        3: SocketCounts(3, "a", 30, 1, 0, False, peer="q"),
+        4: SocketCounts(4, "b", 20, 2, 0, False, peer="p"),
+        5: SocketCounts(5, "b", 0, 0, 0, False, peer="r"),
+    }
+    sent = sent_since({}, now)
+    assert sent["a"].by_peer == (("p", 150, 10), ("q", 30, 1))
+    assert sent["b"].by_peer == (("p", 20, 2),)
 
 
 def stream_loss(pair: VethPair, loop: NetnsLoop, at_least: int) -> tuple[float, int]:
