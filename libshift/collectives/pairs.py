@@ -160,8 +160,8 @@ class Pairs:
             why = f"rank {self.rank}: {transfer.what(kind)} with rank {transfer.peer}: {exc}"
             transfer.done(CollectiveError(why))
             return
-        if self._lost(peer, transfer.peer):
-            transfer.done(peer.lost)
+        if peer.lost_while_idle():  # the job needs the link after all: it cannot go on
+            transfer.done(self.alarm.raise_for(f"the link to rank {transfer.peer} is gone: {peer.lost}"))
             return
         if kind == "send":
             transfer.number, peer.sends_made = peer.sends_made, peer.sends_made + 1
@@ -363,22 +363,11 @@ class Pairs:
             for peer in self.peers.values():
                 self._fail_all(peer, exc)
 
-    def _lost(self, peer: Peer, q: int) -> bool:
-        """Whether the peer's QP lost every path while no transfer with it was under way (two ranks of one
-        host whose NICs are each other's backup, one of them failed): then every transfer made with the
-        peer from then on fails (peer.lost), and the job's collectives, on the ring's own QPs, go on."""
-        if peer.lost is None and peer.qp.lost_paths is not None and peer.idle:
-            why = f"the link to rank {q} is gone: {peer.qp.lost_paths}"
-            peer.lost = CollectiveError(f"rank {self.rank}: {why}")
-            log.info("rank %d: point to point with rank %d fails from now on: %s", self.rank, q, why)
-        return peer.lost is not None
-
     def _fail(self, q: int, wc: WC) -> None:
-        """A work request with the peer failed: so do all transfers with it (its QP's state is unknown);
-        unless the QP lost its paths while idle (_lost), the receives it keeps posted flushing."""
+        """A work request with the peer failed: so do all transfers with it (its QP's state is unknown)."""
         peer = self.peers[q]
-        if self._lost(peer, q):
-            return
+        if peer.lost_while_idle():
+            return  # the receives it keeps posted, flushing: nothing to end, no alarm
         if peer.qp.lost_paths is not None:  # every rank hears of it, as from the ring
             why = f"the link to rank {q} is gone: {peer.qp.lost_paths}"
             error: CollectiveError = self.alarm.raise_for(why)

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from libshift.collectives.buffers import Region
-from libshift.collectives.errors import CollectiveError
 from libshift.shift import ShiftMR, ShiftQP
 from libshift.verbs import enums as e
 
@@ -85,12 +84,20 @@ class Peer:
     direct: dict[int, Transfer] = field(default_factory=dict)  # sends written direct, by number, until acked
     registered: int = 0  # arrays registered for direct messages with the peer (direct.py) ...
     reused: int = 0  # ... and messages whose array was registered already
-    lost: CollectiveError | None = None  # the QP lost every path while idle: every later transfer's error
+    lost: str | None = None  # why the QP lost every path while idle (lost_while_idle)
 
     @property
     def idle(self) -> bool:
         """Whether no transfer with the peer is under way."""
         return not (self.sends or self.recvs or self.last_chunks or self.direct)
+
+    def lost_while_idle(self) -> bool:
+        """Whether the QP lost every path while no transfer was under way (two ranks of one host whose NICs
+        are each other's backup, one of them failed). That raises no alarm: the job's collectives, on the
+        ring's own QPs, go on; the next transfer with the peer raises it, as a loss under way does."""
+        if self.lost is None and self.qp.lost_paths is not None and self.idle:
+            self.lost = self.qp.lost_paths
+        return self.lost is not None
 
     @property
     def recvs_ended(self) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from libshift.collectives import CollectiveError, Communicator, FileStore
+from libshift.collectives import CollectiveError, Communicator, FileStore, NoPathLeft
 from libshift.collectives.direct import AHEAD
 from libshift.collectives.peer import DIRECT_MIN, MAILBOX, PAYLOAD, SLOTS, Peer
 
@@ -272,23 +272,24 @@ def test_fresh_memory_every_time_stops_registering(fresh_pair) -> None:
     assert peer_of(b, 0).registered <= AHEAD  # then staged: registering each would cost a round trip
 
 
-def test_a_pair_that_lost_its_paths_while_idle_fails_only_its_own_later_transfers(tmp_path: Path) -> None:
+def test_a_pair_that_lost_its_paths_while_idle_ends_the_job_only_when_used_again(tmp_path: Path) -> None:
     """Two ranks of one host whose NICs are each other's backup lose both paths of their pair with one NIC
-    failure, while the ring's QPs (to other hosts) fail over. An idle pair that lost its paths must not
-    break the job: the collectives go on, and only a later transfer with that peer fails, saying why."""
+    failure, while the ring's QPs (to other hosts) fail over. An idle pair that lost its paths must not end
+    the job by itself: the collectives go on; a later transfer with that peer does end it (the job needs
+    the link), with the reason and what to do, as a loss under way does."""
     with two_ranks(tmp_path) as (a, b):
         sent = send(b, np.ones(2, np.int32), 0, tag=1)
         assert recv(a, np.zeros(2, np.int32), 1, tag=1).result() is None and sent.result() is None
         lost = peer_of(b, 0)
         with b._ring.ctx.lock:  # as the failover layer does when no armed path is left
             lost.qp.switcher.give_up("QP 7 has no path left to its peer: this host's mlx5_0 is down (test)")
-        error = send(b, np.ones(2, np.int32), 0, tag=2).result()
-        assert isinstance(error, CollectiveError)
-        assert str(error) == (
-            "rank 1: the link to rank 0 is gone: QP 7 has no path left to its peer: this host's mlx5_0 is "
-            "down (test)"
-        )
         time.sleep(0.3)  # the pair's receives flush meanwhile, on both sides: no alarm is raised
         arrays = [np.arange(5, dtype=np.float32), np.ones(5, np.float32)]
         together(*(lambda c=c, x=x: c.all_reduce(x) for c, x in zip((a, b), arrays, strict=True)))
         assert all(np.array_equal(x, np.arange(5, dtype=np.float32) + 1) for x in arrays)
+        error = send(b, np.ones(2, np.int32), 0, tag=2).result()
+        assert isinstance(error, NoPathLeft)
+        assert str(error).startswith(
+            "rank 1: the link to rank 0 is gone: QP 7 has no path left to its peer: this host's mlx5_0 is "
+            "down (test). shift cannot carry this job on"
+        )
