@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from shiftd.config import DampingConfig, LossConfig, SlowConfig
 from shiftd.damping import FlapDamper
 from shiftd.loss import REASON as LOSS_REASON
-from shiftd.loss import LossJudge, PeerCounts
-from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PortStatus
+from shiftd.loss import LossJudge
+from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PeerTraffic, PortStatus
 from shiftd.slow import REASON as SLOW_REASON
 from shiftd.slow import SlowJudge
 
@@ -113,7 +113,7 @@ class NicHealth:
         return self._evaluate(now)
 
     def update_traffic(
-        self, segments: int, retransmitted: int, now: float, by_peer: PeerCounts = ()
+        self, segments: int, retransmitted: int, now: float, by_peer: tuple[PeerTraffic, ...] = ()
     ) -> Transition | None:
         """What the NIC's connections sent since the last poll, and how much of it was sent again; the same
         by peer address, where known (TCP)."""
@@ -121,10 +121,12 @@ class NicHealth:
             return None
         return self._evaluate(now)
 
-    def update_throughput(self, acked: int, limited: int, busy: float, now: float) -> Transition | None:
+    def update_throughput(
+        self, acked: int, limited: int, busy: float, now: float, by_peer: tuple[PeerTraffic, ...] = ()
+    ) -> Transition | None:
         """The bytes the NIC's TCP connections had acknowledged since the last poll, of those the ones the
         network held back, and how long those were in flight (0: not known)."""
-        if not self.slow.add(now, acked, limited, busy):
+        if not self.slow.add(now, acked, limited, busy, by_peer):
             return None
         return self._evaluate(now)
 

@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections import deque
 
 from shiftd.config import DampingConfig, LossConfig
+from shiftd.nic import PeerTraffic
 from shiftd.verdict import Judge
 
 REASON = "retransmits"
-PeerCounts = tuple[tuple[str, int, int], ...]  # (peer address, segments, retransmitted) of one poll
 
 
 class LossJudge(Judge):
@@ -38,9 +38,11 @@ class LossJudge(Judge):
         self.loss_percent: float | None = None  # the last full window's figure; None without enough segments
         self.lossy_peers: tuple[str, ...] = ()  # the peers whose loss was left out of it (not this NIC's)
         # (now, segments, retransmitted, the same by peer)
-        self._samples: deque[tuple[float, int, int, PeerCounts]] = deque()
+        self._samples: deque[tuple[float, int, int, tuple[PeerTraffic, ...]]] = deque()
 
-    def add(self, now: float, segments: int, retransmitted: int, by_peer: PeerCounts = ()) -> bool:
+    def add(
+        self, now: float, segments: int, retransmitted: int, by_peer: tuple[PeerTraffic, ...] = ()
+    ) -> bool:
         """One poll's counts (what was sent since the last poll), and the same by peer where known; whether
         the verdict changed."""
         self._samples.append((now, segments, retransmitted, by_peer))
@@ -64,10 +66,10 @@ class LossJudge(Judge):
         left out: those losing at the threshold or more beside a cleaner figure."""
         peers: dict[str, list[int]] = {}
         for _, _, _, by_peer in self._samples:
-            for peer, segments, retransmitted in by_peer:
-                counts = peers.setdefault(peer, [0, 0])
-                counts[0] += segments
-                counts[1] += retransmitted
+            for share in by_peer:
+                counts = peers.setdefault(share.peer, [0, 0])
+                counts[0] += share.segments
+                counts[1] += share.retransmitted
         enter, enough = self.config.enter_percent, self.config.min_segments
         figures = {p: 100.0 * r / s for p, (s, r) in peers.items() if s}
         measured = [figures[p] for p, (s, _) in peers.items() if s >= enough]

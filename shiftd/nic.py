@@ -82,25 +82,49 @@ class Traffic(NamedTuple):
     acked: int  # bytes the peers acknowledged
     limited: int  # of those, the bytes of sockets the network held back (not application-limited)
     busy: float = 0.0  # seconds the longest busy of those sockets had data in flight (0: not known)
-    by_peer: tuple[tuple[str, int, int], ...] = ()  # (peer address, segments, retransmitted), by peer
+    by_peer: tuple[PeerTraffic, ...] = ()  # the same by peer address, in its order
+
+
+class PeerTraffic(NamedTuple):
+    """One peer's share of a poll's Traffic: what the sockets connected to it did."""
+
+    peer: str
+    segments: int
+    retransmitted: int
+    limited: int = 0  # bytes the network held back
+    busy: float = 0.0  # seconds the longest busy of those sockets had them in flight
+
+
+def by_peer(shares: Iterable[PeerTraffic]) -> tuple[PeerTraffic, ...]:
+    """Each peer's shares added into one (the busy time the longest: at once, not in turn), by peer."""
+    peers: dict[str, PeerTraffic] = {}
+    for share in shares:
+        seen = peers.get(share.peer)
+        peers[share.peer] = (
+            share
+            if seen is None
+            else PeerTraffic(
+                share.peer,
+                seen.segments + share.segments,
+                seen.retransmitted + share.retransmitted,
+                seen.limited + share.limited,
+                max(seen.busy, share.busy),
+            )
+        )
+    return tuple(peers[peer] for peer in sorted(peers))
 
 
 def combined(shares: Iterable[Traffic]) -> Traffic:
     """The traffic of several source addresses (one NIC's): counts added, the busy time the longest (the
-    sockets ran at once, not in turn), each peer's segments added across them."""
+    sockets ran at once, not in turn), each peer's shares added across them."""
     shares = list(shares)
-    peers: dict[str, tuple[int, int]] = {}
-    for share in shares:
-        for peer, segments, retransmitted in share.by_peer:
-            before = peers.get(peer, (0, 0))
-            peers[peer] = (before[0] + segments, before[1] + retransmitted)
     return Traffic(
         sum(share.segments for share in shares),
         sum(share.retransmitted for share in shares),
         sum(share.acked for share in shares),
         sum(share.limited for share in shares),
         max((share.busy for share in shares), default=0.0),
-        tuple((peer, *counts) for peer, counts in sorted(peers.items())),
+        by_peer(peer for share in shares for peer in share.by_peer),
     )
 
 

@@ -125,7 +125,9 @@ class NicTable:
             health = record.health
             lost = health.update_traffic(total.segments, total.retransmitted, now, total.by_peer)
             self._apply(record, lost)
-            self._apply(record, health.update_throughput(total.acked, total.limited, total.busy, now))
+            self._apply(
+                record, health.update_throughput(total.acked, total.limited, total.busy, now, total.by_peer)
+            )
 
     def port_sent(self, device: str, port: int, packets: int, retransmitted: int) -> None:
         """An RDMA port's packets sent, and retransmissions, since the last poll (rdma_sysfs)."""

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from shiftd.monitors import register
 from shiftd.monitors.netlink import NLMSG, RECV_BYTES, attributes
-from shiftd.nic import Traffic
+from shiftd.nic import PeerTraffic, Traffic, by_peer
 
 if TYPE_CHECKING:
     from shiftd.config import MonitorsConfig
@@ -137,7 +137,7 @@ def _strerror(error: int) -> str:
 def sent_since(last: dict[int, SocketCounts], now: dict[int, SocketCounts]) -> dict[str, Traffic]:
     """Per source address, what its sockets did between two dumps (a new socket: since it began)."""
     sent: dict[str, Traffic] = {}
-    peers: dict[str, dict[str, tuple[int, int]]] = {}  # source -> peer -> (segments, retransmitted)
+    peers: dict[str, list[PeerTraffic]] = {}  # by source: each socket's share of its peer's
     for cookie, counts in now.items():
         done = _counters(counts)
         before = last.get(cookie)
@@ -149,21 +149,20 @@ def sent_since(last: dict[int, SocketCounts], now: dict[int, SocketCounts]) -> d
         reader_slow = counts.peer_window is not None and counts.peer_window < WINDOW_CLOSED
         in_flight = counts.busy_us is None or busy_us > 0  # 0: what it sent waited for its reader only
         held = not counts.app_limited and counts.backlogged and not reader_slow and acked > 0 and in_flight
+        limited, busy = (acked, busy_us / 1e6) if held else (0, 0.0)
         total = sent.get(counts.source, Traffic(0, 0, 0, 0))
         sent[counts.source] = Traffic(
             total.segments + segments,
             total.retransmitted + retransmitted,
             total.acked + acked,
-            total.limited + (acked if held else 0),
-            max(total.busy, busy_us / 1e6 if held else 0.0),
+            total.limited + limited,
+            max(total.busy, busy),
         )
-        if segments and counts.peer:
-            by_peer = peers.setdefault(counts.source, {})
-            before = by_peer.get(counts.peer, (0, 0))
-            by_peer[counts.peer] = (before[0] + segments, before[1] + retransmitted)
+        if counts.peer and (segments or limited):
+            share = PeerTraffic(counts.peer, segments, retransmitted, limited, busy)
+            peers.setdefault(counts.source, []).append(share)
     return {
-        source: traffic._replace(by_peer=tuple((p, *c) for p, c in sorted(peers.get(source, {}).items())))
-        for source, traffic in sent.items()
+        source: traffic._replace(by_peer=by_peer(peers.get(source, ()))) for source, traffic in sent.items()
     }
 
 

@@ -10,7 +10,7 @@ import pytest
 from shiftd.config import DampingConfig, LossConfig
 from shiftd.health import NicHealth
 from shiftd.loss import LossJudge
-from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PortStatus, Traffic
+from shiftd.nic import FaultMode, LinkStatus, NicSpec, NicState, PeerTraffic, PortStatus, Traffic
 from shiftd.nics import NicTable
 
 POLL = 0.1
@@ -100,12 +100,13 @@ def healthy(spec: NicSpec = TCP, link: LinkStatus = UP_LINK) -> NicHealth:
     return health
 
 
-def feed_peers(judge: LossJudge, seconds: float, *peers: tuple[str, int, int]) -> list[float]:
+def feed_peers(judge: LossJudge, seconds: float, *counts: tuple[str, int, int]) -> list[float]:
     """As feed, from 0, with these counts by peer each poll (the NIC's own: their sums)."""
     changes = []
+    peers = tuple(PeerTraffic(*c) for c in counts)
     for step in range(round(seconds / POLL)):
         now = step * POLL
-        segments, retransmitted = sum(p[1] for p in peers), sum(p[2] for p in peers)
+        segments, retransmitted = sum(p.segments for p in peers), sum(p.retransmitted for p in peers)
         if judge.add(now, segments, retransmitted, peers):
             changes.append(round(now, 6))
     return changes
@@ -193,8 +194,8 @@ def test_the_table_adds_each_peers_counts_over_the_nics_addresses() -> None:
     nics = table()
     nics.link_changed(replace(UP_LINK, addresses=("198.18.0.1", "198.18.0.5")))
     towards = {
-        "198.18.0.1": Traffic(300, 20, 0, 0, by_peer=(("h1", 100, 20), ("h2", 200, 0))),
-        "198.18.0.5": Traffic(200, 0, 0, 0, by_peer=(("h1", 100, 0), ("h2", 100, 0))),
+        "198.18.0.1": Traffic(300, 20, 0, 0, by_peer=(PeerTraffic("h1", 100, 20), PeerTraffic("h2", 200, 0))),
+        "198.18.0.5": Traffic(200, 0, 0, 0, by_peer=(PeerTraffic("h1", 100, 0), PeerTraffic("h2", 100, 0))),
     }
     nics.traffic_sent(towards)
     judge = nics.get("mlx5_0").health.loss

@@ -26,7 +26,7 @@ from shiftd.monitors.tcp_loss import (
     decode,
     sent_since,
 )
-from shiftd.nic import FaultMode
+from shiftd.nic import FaultMode, PeerTraffic
 from shiftlab import netns
 from shiftlab.veth import VethPair
 
@@ -137,7 +137,8 @@ def test_the_time_a_slow_reader_held_the_data_is_not_the_networks() -> None:
     partly = diag_socket("198.18.0.1", 2, 0, 9, acked=1000, busy_us=700, reader_held_us=200, notsent=1)
     now = {counts.cookie: counts for counts in decode(reader_only + partly) if counts}
     assert [now[1].busy_us, now[2].busy_us] == [0, 500]
-    assert sent_since({}, now) == {"198.18.0.1": (18, 0, 2000, 1000, 5e-4, (("198.18.0.2", 18, 0),))}
+    peers = (PeerTraffic("198.18.0.2", 18, 0, 1000, 5e-4),)
+    assert sent_since({}, now) == {"198.18.0.1": (18, 0, 2000, 1000, 5e-4, peers)}
 
 
 def test_an_error_answer_is_a_diag_error_naming_the_cause() -> None:
@@ -167,18 +168,18 @@ def test_sent_since_counts_each_socket_from_its_last_dump_or_from_zero_when_new(
 
 
 def test_sent_since_counts_each_source_by_peer_too() -> None:
-    """Two sockets of one source to one peer add up; another peer and another source apart; a quiet
-    socket names no peer."""
+    """Two sockets of one source to one peer add up (their bytes held back, and the longer time in flight);
+    another peer and another source apart; a quiet socket names no peer."""
     now = {
-        1: SocketCounts(1, "a", 100, 10, 0, False, peer="p"),
-        2: SocketCounts(2, "a", 50, 0, 0, False, peer="p"),
-        3: SocketCounts(3, "a", 30, 1, 0, False, peer="q"),
+        1: SocketCounts(1, "a", 100, 10, 3000, False, None, 2000, peer="p"),
+        2: SocketCounts(2, "a", 50, 0, 1000, False, None, 500, peer="p"),
+        3: SocketCounts(3, "a", 30, 1, 40, True, None, 10, peer="q"),  # application-limited: not held
         4: SocketCounts(4, "b", 20, 2, 0, False, peer="p"),
         5: SocketCounts(5, "b", 0, 0, 0, False, peer="r"),
     }
     sent = sent_since({}, now)
-    assert sent["a"].by_peer == (("p", 150, 10), ("q", 30, 1))
-    assert sent["b"].by_peer == (("p", 20, 2),)
+    assert sent["a"].by_peer == (PeerTraffic("p", 150, 10, 4000, 0.002), PeerTraffic("q", 30, 1))
+    assert sent["b"].by_peer == (PeerTraffic("p", 20, 2),)
 
 
 def stream_loss(pair: VethPair, loop: NetnsLoop, at_least: int) -> tuple[float, int]:

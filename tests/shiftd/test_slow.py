@@ -9,7 +9,7 @@ import pytest
 
 from shiftd.config import DampingConfig, SlowConfig
 from shiftd.health import NicHealth
-from shiftd.nic import LinkStatus, NicSpec, NicState, Traffic
+from shiftd.nic import LinkStatus, NicSpec, NicState, PeerTraffic, Traffic
 from shiftd.nics import NicTable
 from shiftd.slow import SlowJudge
 
@@ -79,6 +79,36 @@ def test_bursts_of_a_fast_link_are_not_slow_for_the_quiet_between_them() -> None
     assert len(clock.feed(judge, 5.0, GB / 40)) == 1  # the kernel not saying how long: the poll's time
     assert judge.degraded
     assert clock.feed(judge, 0.4, GB / 100, busy=POLL) == []  # a slow link is in flight all the time
+
+
+def two_peers(
+    judge: SlowJudge, clock: Clock, seconds: float, fast: PeerTraffic, slow: PeerTraffic
+) -> list[float]:
+    """Polls for `seconds`, each with these two peers' held-back bytes and times in flight; when the
+    verdict changed. The NIC's own time in flight is the longer of the two (their sockets ran at once)."""
+    changes = []
+    for _ in range(round(seconds / POLL)):
+        clock.now += POLL
+        limited = fast.limited + slow.limited
+        if judge.add(clock.now, limited, limited, max(fast.busy, slow.busy), (fast, slow)):
+            changes.append(clock.now)
+    return changes
+
+
+def test_one_peers_slow_link_beside_a_fast_one_is_not_this_nics() -> None:
+    """Bursts to a healthy peer at the NIC's speed (5 ms a poll), and a peer behind a slow link busy the
+    whole poll with little. Over the NIC's longest time in flight the bursts look a fortieth of the best;
+    by peer, the healthy one runs at the best and the NIC is not slow. A NIC slow itself is slow towards
+    both."""
+    judge, clock = judged_healthy()
+    fast = PeerTraffic("h2", 0, 0, int(GB * POLL / 40), POLL / 40)
+    slow = PeerTraffic("h1", 0, 0, int(GB * POLL / 1000), POLL)
+    assert two_peers(judge, clock, 5.0, fast, slow) == []
+    assert judge.rate == pytest.approx(GB * 1.001, rel=1e-3) and not judge.degraded
+    both = PeerTraffic("h2", 0, 0, int(GB * POLL / 1000), POLL)
+    assert len(two_peers(judge, clock, 2.0, both, slow)) == 1 and judge.degraded
+    unknown, its_clock = judged_healthy()  # no peers given: the NIC's figure, over its longest time in flight
+    assert len(its_clock.feed(unknown, 2.0, GB / 40 + GB / 1000, busy=POLL)) == 1
 
 
 def test_a_nic_that_never_ran_fast_has_no_verdict() -> None:
