@@ -41,6 +41,9 @@ class Rearm:
         self._retry_at: float | None = None  # when to try the default path again (see retry_default)
         self._retry_wait = RETRY_FIRST
         self._home_at: float | None = None  # when the last failback resumed
+        # by path, the epoch of the peer's latest REARM we answered: one read later with an older epoch (it
+        # came on another path, slower) is stale, and answering it would arm twice and overwrite our answer
+        self._answered: dict[str, int] = {}
 
     def request(self, path: str) -> None:
         """Ask the peer to re-arm `path`; we arm ours when it answers ARMED."""
@@ -107,8 +110,11 @@ class Rearm:
                 self._seen[path] = message
                 log.debug("QP %d: %s read on the %s path (in %s)", qp.qp_num, message, path, qp.state.name)
                 if message.kind == Kind.REARM and message.path != qp.current:
+                    if message.epoch <= self._answered.get(message.path, 0):
+                        continue
                     if message.path not in qp.peers or not qp.ctx.device_up(message.path):
                         continue  # our device of that path is still down: its NIC UP will ask for the re-arm
+                    self._answered[message.path] = message.epoch
                     qp.arm(message.path)
                     if message.path == self.requested:
                         self.requested = ""  # a crossing request: armed as the peer asked

@@ -150,6 +150,9 @@ def ack_deadline(timeout: int, retry_cnt: int) -> float:
     return 4.096e-6 * 2**timeout * (retry_cnt + 1)
 
 
+TICKS = 0.01  # two of a kernel's timer ticks at HZ=250, the early side's tolerance
+
+
 @pytest.mark.parametrize(
     ("fault", "timeout", "retry_cnt"),
     [("down", 14, 1), ("down", 15, 2), ("blackhole", 14, 1), ("blackhole", 14, 3)],
@@ -176,7 +179,9 @@ def test_broken_link_gives_retry_exc_err_within_the_deadline_then_flushes(
         assert elapsed <= deadline + 0.5, f"failed after {elapsed:.3f} s, deadline {deadline:.3f} s"
     else:
         assert first[0].status == e.IBV_WC_RETRY_EXC_ERR
-        assert deadline * 0.95 <= elapsed <= deadline + 0.5, (
+        # not early, but for a kernel's timer ticks: rxe counts each period in jiffies (4 ms at HZ=250),
+        # rounded (seen under TCG: 0.126 s for 0.134)
+        assert deadline * 0.95 - TICKS <= elapsed <= deadline + 0.5, (
             f"failed after {elapsed:.3f} s, deadline {deadline:.3f} s"
         )
     rest = a.wait(3)

@@ -1,7 +1,12 @@
-"""How often a QP that left its default path on its own completions (a silent failure: no NIC UP will
-come) tries it again (rearm.py): after RETRY_FIRST, then backing off; and the back-off goes on across a
-failback whose path fails again soon after, as a lossy link's does (the probe gets through, a message is
-lost), so that such a link is not tried every second for as long as it stays lossy."""
+"""The re-arm protocol's own rules (rearm.py), on a fake QP and clock:
+
+- how often a QP that left its default path on its own completions (a silent failure: no NIC UP will come)
+  tries it again: after RETRY_FIRST, then backing off; and the back-off goes on across a failback whose
+  path fails again soon after, as a lossy link's does (the probe gets through, a message is lost), so that
+  such a link is not tried every second for as long as it stays lossy;
+- a peer's REARM read after a newer one for the same path (it came on another path, slower) is stale, and
+  is not answered (test_third_nic saw it once: the second arm and the stale ARMED left the backup unarmed).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from libshift.shift import rearm
+from libshift.shift.notify import Kind, Message
 from libshift.shift.paths import PRIMARY
 from libshift.shift.states import Send, State
 
@@ -47,6 +53,8 @@ def on_the_backup() -> rearm.Rearm:
     qp.armed = {PRIMARY: False, "backup": True}
     qp.peers = {PRIMARY: None, "backup": None}
     qp.qps = qp.controls = qp.targets = dict.fromkeys(qp.peers)
+    qp.arms = []
+    qp.arm = qp.arms.append
     return rearm.Rearm(qp)
 
 
@@ -81,3 +89,21 @@ def test_a_path_that_held_after_its_failback_starts_the_back_off_over(clock, sen
         clock.now += 1.0
     clock.now += rearm.MENDED_AFTER  # it carried the traffic that long: mended
     assert tries_after(schedule, clock, sent) == 1.0
+
+
+def test_a_stale_rearm_read_after_a_newer_one_is_not_answered(monkeypatch, sent) -> None:
+    """The peer asked for its backup's re-arm on backup2 (epoch 2), failed back, and asked again on the
+    default path (epoch 3); both are read in one pass, the newer first. Only the newer is armed and
+    answered."""
+    schedule = on_the_backup()
+    qp = schedule.qp
+    qp.current, qp.state = PRIMARY, State.DEFAULT
+    qp.states = SimpleNamespace(send=Send.DEFAULT, live=True)
+    qp.peers = dict.fromkeys((PRIMARY, "backup", "backup2"))
+    qp.controls = {path: path for path in qp.peers}  # each path's control MR, as its name
+    schedule._seen = dict.fromkeys(qp.peers)
+    latest = {PRIMARY: Message(Kind.REARM, "backup", 3), "backup2": Message(Kind.REARM, "backup", 2)}
+    monkeypatch.setattr(rearm.notify, "latest", latest.get)
+    schedule.read()
+    assert qp.arms == ["backup"]
+    assert sent == ["backup"]  # one ARMED, for epoch 3
