@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import deque
 
 from shiftd.config import DampingConfig, LossConfig
-from shiftd.nic import PeerTraffic
+from shiftd.nic import PeerTraffic, by_peer
 from shiftd.verdict import Judge
 
 REASON = "retransmits"
@@ -64,19 +64,15 @@ class LossJudge(Judge):
         proves the NIC sound, whatever the others lose), or with none such `loss`, its whole traffic's; None
         (no figure yet) while clean-looking peers not measured yet could still prove it sound. And the peers
         left out: those losing at the threshold or more beside a cleaner figure."""
-        peers: dict[str, list[int]] = {}
-        for _, _, _, by_peer in self._samples:
-            for share in by_peer:
-                counts = peers.setdefault(share.peer, [0, 0])
-                counts[0] += share.segments
-                counts[1] += share.retransmitted
+        peers = {t.peer: t for t in by_peer(share for *_, shares in self._samples for share in shares)}
         enter, enough = self.config.enter_percent, self.config.min_segments
-        figures = {p: 100.0 * r / s for p, (s, r) in peers.items() if s}
-        measured = [figures[p] for p, (s, _) in peers.items() if s >= enough]
+        figures = {p: 100.0 * t.retransmitted / t.segments for p, t in peers.items() if t.segments}
+        measured = [figures[p] for p, t in peers.items() if t.segments >= enough]
         figure = min(measured) if measured else loss
         # clean-looking peers with half the segments it takes will be measured within a window: wait for
         # them; a trickle proves nothing either way
-        coming = sum(peers[p][0] for p, f in figures.items() if peers[p][0] < enough and f < enter)
+        unmeasured = [t for p, t in peers.items() if t.segments < enough and figures.get(p, 0) < enter]
+        coming = sum(t.segments for t in unmeasured)
         if figure is not None and figure >= enter and coming >= enough / 2:
             return None, ()
         if figure is None or figure >= enter:

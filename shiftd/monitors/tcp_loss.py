@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from shiftd.monitors import register
 from shiftd.monitors.netlink import NLMSG, RECV_BYTES, attributes
-from shiftd.nic import PeerTraffic, Traffic, by_peer
+from shiftd.nic import PeerTraffic, Traffic, combined
 
 if TYPE_CHECKING:
     from shiftd.config import MonitorsConfig
@@ -136,8 +136,7 @@ def _strerror(error: int) -> str:
 
 def sent_since(last: dict[int, SocketCounts], now: dict[int, SocketCounts]) -> dict[str, Traffic]:
     """Per source address, what its sockets did between two dumps (a new socket: since it began)."""
-    sent: dict[str, Traffic] = {}
-    peers: dict[str, list[PeerTraffic]] = {}  # by source: each socket's share of its peer's
+    sockets: dict[str, list[Traffic]] = {}  # by source, what each socket did
     for cookie, counts in now.items():
         done = _counters(counts)
         before = last.get(cookie)
@@ -150,20 +149,12 @@ def sent_since(last: dict[int, SocketCounts], now: dict[int, SocketCounts]) -> d
         in_flight = counts.busy_us is None or busy_us > 0  # 0: what it sent waited for its reader only
         held = not counts.app_limited and counts.backlogged and not reader_slow and acked > 0 and in_flight
         limited, busy = (acked, busy_us / 1e6) if held else (0, 0.0)
-        total = sent.get(counts.source, Traffic(0, 0, 0, 0))
-        sent[counts.source] = Traffic(
-            total.segments + segments,
-            total.retransmitted + retransmitted,
-            total.acked + acked,
-            total.limited + limited,
-            max(total.busy, busy),
+        share = PeerTraffic(counts.peer, segments, retransmitted, limited, busy)
+        peers = (share,) if counts.peer and (segments or limited) else ()
+        sockets.setdefault(counts.source, []).append(
+            Traffic(segments, retransmitted, acked, limited, busy, peers)
         )
-        if counts.peer and (segments or limited):
-            share = PeerTraffic(counts.peer, segments, retransmitted, limited, busy)
-            peers.setdefault(counts.source, []).append(share)
-    return {
-        source: traffic._replace(by_peer=by_peer(peers.get(source, ()))) for source, traffic in sent.items()
-    }
+    return {source: combined(shares) for source, shares in sockets.items()}
 
 
 def _counters(counts: SocketCounts) -> tuple[int, ...]:
